@@ -1,0 +1,86 @@
+"""``with_amp``: one call that makes an RLlib PPO / DQN / APPO config train in mixed precision.
+
+Example:
+    >>> from ray.rllib.algorithms.dqn import DQNConfig
+    >>> config = with_amp(DQNConfig().environment("CartPole-v1"), init_scale=1024)
+    >>> settings_from_config(config).init_scale
+    1024.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.algorithms.appo import APPOConfig
+from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.algorithms.ppo import PPOConfig
+
+from rllib_amp.learner import AMP_CONFIG_KEY, amp_learner_class, settings_from_config
+from rllib_amp.settings import AmpSettings
+
+__all__ = ["SUPPORTED_CONFIGS", "settings_from_config", "with_amp"]
+
+# APPOConfig is no PPOConfig subclass in RLlib; order still puts the most specific first.
+SUPPORTED_CONFIGS: dict[str, type[AlgorithmConfig]] = {
+    "APPO": APPOConfig,
+    "PPO": PPOConfig,
+    "DQN": DQNConfig,
+}
+
+
+def with_amp(
+    config: AlgorithmConfig, settings: AmpSettings | None = None, **fields: Any
+) -> AlgorithmConfig:
+    """Sets ``config`` to train with rllib-amp's learner for its algorithm; returns it.
+
+    Args:
+        config: A PPOConfig, DQNConfig or APPOConfig (new API stack, torch).
+        settings: AmpSettings to use; defaults to ``AmpSettings()`` (precision "auto").
+        **fields: AmpSettings fields that override ``settings`` (validated).
+
+    Like RLlib's own builder methods, this changes ``config`` in place and returns it.
+
+    Example:
+        >>> from ray.rllib.algorithms.ppo import PPOConfig
+        >>> cfg = with_amp(PPOConfig(), enabled=False)
+        >>> settings_from_config(cfg).enabled
+        False
+    """
+    if not isinstance(config, AlgorithmConfig):
+        raise TypeError(
+            f"with_amp: expected an RLlib AlgorithmConfig, got {type(config).__name__}; "
+            f"pass e.g. PPOConfig().environment('CartPole-v1')"
+        )
+    if not any(isinstance(config, cls) for cls in SUPPORTED_CONFIGS.values()):
+        raise ValueError(
+            f"with_amp: {type(config).__name__} is not supported; supported algorithms: "
+            f"{', '.join(f'{n} ({c.__name__})' for n, c in SUPPORTED_CONFIGS.items())}"
+        )
+    if config.framework_str != "torch":
+        raise ValueError(
+            f"with_amp: framework is {config.framework_str!r}; mixed precision needs torch: "
+            f"call config.framework('torch')"
+        )
+    if not config.enable_rl_module_and_learner:
+        raise ValueError(
+            "with_amp: the config uses RLlib's old API stack; rllib-amp extends the new "
+            "stack's TorchLearner: call config.api_stack(enable_rl_module_and_learner=True, "
+            "enable_env_runner_and_connector_v2=True)"
+        )
+    if config._torch_grad_scaler_class is not None:
+        raise ValueError(
+            "with_amp: config.experimental(_torch_grad_scaler_class=...) is set; rllib-amp "
+            "owns loss scaling: remove that setting (pass init_scale etc. to with_amp instead)"
+        )
+    if not isinstance(settings, (AmpSettings, type(None))):
+        raise TypeError(
+            f"with_amp: settings must be an AmpSettings, got {type(settings).__name__}; "
+            f"use AmpSettings.from_dict({settings!r}) or pass fields as keywords"
+        )
+    settings = settings or AmpSettings()
+    if fields:
+        settings = settings.replace(**fields)
+    config.learners(learner_class=amp_learner_class(config.learner_class))
+    config.learners(learner_config_dict={AMP_CONFIG_KEY: settings.to_dict()})
+    return config

@@ -1,0 +1,191 @@
+"""Precision resolution and autocast helpers. Pure torch: nothing here imports Ray.
+
+``resolve(settings, device)`` turns AmpSettings plus the hardware into a ``Precision``:
+float32 (autocast off), bfloat16 autocast (no loss scaling needed) or float16 autocast with a
+GradScaler.
+
+Example:
+    >>> import torch
+    >>> from rllib_amp.settings import AmpSettings
+    >>> p = resolve(AmpSettings(enabled=False), torch.device("cpu"))
+    >>> p.dtype, p.use_scaler
+    (torch.float32, False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rllib_amp.settings import AmpSettings
+
+# Layers whose statistics lose too much in 16 bits: they run in float32 inside autocast.
+NORM_LAYER_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a learner trains in, and why.
+
+    Attributes:
+        dtype: torch.float32 (autocast off), torch.bfloat16 or torch.float16.
+        device_type: "cpu" or "cuda" (what torch.autocast takes).
+        use_scaler: True for float16: losses are scaled and overflow steps skipped.
+        reason: One human sentence saying why this was chosen.
+    """
+
+    dtype: torch.dtype
+    device_type: str
+    use_scaler: bool
+    reason: str
+
+    @property
+    def enabled(self) -> bool:
+        return self.dtype != torch.float32
+
+    @property
+    def name(self) -> str:
+        return _NAMES[self.dtype]
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return f"float32 (autocast off): {self.reason}"
+        scaler = "GradScaler on" if self.use_scaler else "no loss scaling"
+        return f"{self.name} autocast on {self.device_type} ({scaler}): {self.reason}"
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The autocast context for forward + loss; a no-op for float32."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU runs bfloat16 matmuls natively (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # older torch without the probes: be conservative
+        return False
+
+
+def resolve(
+    settings: AmpSettings,
+    device: torch.device | str,
+    *,
+    cuda_capability: tuple[int, int] | None = None,
+    cpu_bf16: bool | None = None,
+) -> Precision:
+    """Chooses the training precision for ``device``.
+
+    ``cuda_capability`` and ``cpu_bf16`` override the hardware probes (tests fake them).
+
+    Rules (``enabled="auto"``, ``dtype="auto"``): CUDA capability >= 8.0 -> bfloat16;
+    7.x -> float16 + GradScaler; older -> float32. CPU with native bfloat16 -> bfloat16,
+    else float32. An explicit dtype wins; ``enabled=False`` is always float32.
+
+    Example:
+        >>> resolve(AmpSettings(), "cuda", cuda_capability=(7, 5)).use_scaler
+        True
+    """
+    device = torch.device(device)
+    kind = device.type
+    if settings.enabled is False:
+        return Precision(torch.float32, kind, False, "AMP disabled by settings (enabled=false)")
+    if kind not in ("cpu", "cuda"):
+        if settings.enabled is True or settings.dtype != "auto":
+            raise ValueError(
+                f"amp.enabled: mixed precision is supported on cpu and cuda, not on "
+                f"device {str(device)!r}; set amp.enabled to false or 'auto'"
+            )
+        return Precision(torch.float32, kind, False, f"no AMP support for device {kind!r}")
+
+    if settings.dtype == "float16":
+        return Precision(torch.float16, kind, True, "dtype float16 requested explicitly")
+    if settings.dtype == "bfloat16":
+        if kind == "cuda":
+            cap = cuda_capability or torch.cuda.get_device_capability(device)
+            if cap < (8, 0) and cuda_capability is None and not torch.cuda.is_bf16_supported():
+                raise ValueError(
+                    f"amp.dtype: bfloat16 is not supported on this GPU (compute capability "
+                    f"{cap[0]}.{cap[1]}); use dtype 'float16' or 'auto'"
+                )
+        return Precision(torch.bfloat16, kind, False, "dtype bfloat16 requested explicitly")
+
+    # dtype == "auto"
+    forced = settings.enabled is True
+    if kind == "cuda":
+        cap = cuda_capability or torch.cuda.get_device_capability(device)
+        cap_s = f"CUDA compute capability {cap[0]}.{cap[1]}"
+        if cap >= (8, 0):
+            return Precision(torch.bfloat16, kind, False, f"{cap_s} >= 8.0 has bfloat16")
+        if cap >= (7, 0):
+            return Precision(torch.float16, kind, True, f"{cap_s} has float16 tensor cores")
+        if forced:
+            return Precision(
+                torch.float16, kind, True, f"{cap_s} < 7.0 but enabled=true: float16, likely slow"
+            )
+        return Precision(torch.float32, kind, False, f"{cap_s} < 7.0 has no fast 16-bit math")
+    has_bf16 = cpu_has_native_bf16() if cpu_bf16 is None else cpu_bf16
+    if has_bf16:
+        return Precision(torch.bfloat16, kind, False, "CPU has native bfloat16 (AVX512-BF16/AMX)")
+    if forced:
+        return Precision(
+            torch.bfloat16, kind, False, "CPU lacks native bfloat16 but enabled=true: emulated, slow"
+        )
+    return Precision(torch.float32, kind, False, "CPU has no native bfloat16")
+
+
+def _float32_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # A module-level function (not a lambda) so modules stay picklable.
+    return tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+
+FLOAT32_ISLAND_ATTR = "_rllib_amp_float32_island"
+
+
+def add_float32_islands(module: nn.Module) -> int:
+    """Makes every normalisation layer under ``module`` run in float32 inside autocast.
+
+    Autocast only lowers the precision of matmul-like ops (conv, linear); a norm layer fed a
+    float32 input therefore computes its statistics in float32. A forward pre-hook casts the
+    input; the parameters and their state_dict keys stay as they are, so checkpoints are
+    unchanged. Idempotent. Returns how many layers were hooked.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        >>> add_float32_islands(m)
+        1
+    """
+    count = 0
+    for layer in module.modules():
+        if isinstance(layer, NORM_LAYER_TYPES) and not getattr(layer, FLOAT32_ISLAND_ATTR, False):
+            layer.register_forward_pre_hook(_float32_inputs)
+            setattr(layer, FLOAT32_ISLAND_ATTR, True)
+            count += 1
+    return count
+
+
+def to_float32(tree: Any) -> Any:
+    """Casts every 16-bit floating tensor in a nested dict/list/tuple back to float32.
+
+    What leaves an autocast region goes through this: loss maths then run in float32, and
+    RLlib's numpy conversion never meets a bfloat16 tensor (numpy has no bfloat16).
+    """
+    if torch.is_tensor(tree):
+        return tree.float() if tree.dtype in (torch.float16, torch.bfloat16) else tree
+    if isinstance(tree, dict):
+        return {k: to_float32(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(to_float32(v) for v in tree)
+    return tree

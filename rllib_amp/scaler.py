@@ -1,0 +1,166 @@
+"""The per-policy loss scaler: a torch GradScaler plus the counters rllib-amp reports.
+
+One ``PolicyScaler`` per ModuleID. In float16 it scales the loss, unscales the gradients
+before clipping and skips the optimizer step on inf/nan gradients (backing the scale off).
+In bfloat16 no scaling is needed, but a non-finite gradient still skips the step and the
+same counters are kept, so every AMP run reports the same metrics.
+
+Example:
+    >>> import torch
+    >>> from rllib_amp.settings import AmpSettings
+    >>> s = PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)
+    >>> s.get_scale()
+    8.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rllib_amp.settings import AmpSettings
+
+STATE_VERSION = 1
+
+
+def _grads(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    return [
+        p.grad
+        for opt in optimizers
+        for group in opt.param_groups
+        for p in group["params"]
+        if p.grad is not None
+    ]
+
+
+def grads_are_finite(optimizers: Iterable[torch.optim.Optimizer]) -> bool:
+    """True when no gradient of these optimizers holds an inf or nan (one host sync)."""
+    grads = _grads(optimizers)
+    if not grads:
+        return True
+    # One fused reduction instead of a host sync per parameter.
+    flags = torch.stack([torch.isfinite(g).all() for g in grads])
+    return bool(flags.all())
+
+
+class PolicyScaler:
+    """Loss scaling and step skipping for one policy (RLModule).
+
+    Call order per optimizer step: ``scale(loss)`` -> backward -> ``unscale_(optimizers)``
+    with all of the module's optimizers -> (gradient clipping) -> ``step(optimizers)``,
+    which steps every optimizer or none and calls the GradScaler's ``update()`` once.
+    """
+
+    def __init__(self, settings: AmpSettings, device: torch.device | str, *, scaling: bool):
+        self.settings = settings
+        self.scaling = scaling
+        self._device_type = torch.device(device).type
+        self._scaler = torch.amp.GradScaler(
+            self._device_type,
+            init_scale=settings.init_scale,
+            growth_factor=settings.growth_factor,
+            backoff_factor=settings.backoff_factor,
+            growth_interval=settings.growth_interval,
+            enabled=scaling,
+        )
+        self.optimizer_steps_lifetime = 0
+        self.skipped_steps_lifetime = 0
+        # Since the last ``pop_window()``: what the learner reports per update.
+        self._window_steps = 0
+        self._window_skipped = 0
+        self._found_inf = False
+
+    # -- the update step -------------------------------------------------------------------
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self._scaler.scale(loss) if self.scaling else loss
+
+    def unscale_(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Unscales the gradients in place and records whether any is inf/nan.
+
+        Call before gradient clipping: clipping by value turns inf into a finite number and
+        would hide the overflow.
+        """
+        if self.scaling:
+            for opt in optimizers:
+                if _grads([opt]):
+                    self._scaler.unscale_(opt)
+        # Checked over all of the module's optimizers so that they step together or not at
+        # all (GradScaler alone decides per optimizer).
+        self._found_inf = not grads_are_finite(optimizers)
+
+    def step(self, optimizers: list[torch.optim.Optimizer]) -> bool:
+        """Steps all ``optimizers`` unless a gradient was inf/nan. Returns True if skipped.
+
+        ``unscale_`` must have been called for this step. Weights and optimizer state of a
+        skipped step stay exactly as they were.
+        """
+        stepping = [opt for opt in optimizers if _grads([opt])]
+        if not stepping:
+            return False
+        skipped = self._found_inf
+        if not skipped:
+            for opt in stepping:
+                if self.scaling:
+                    self._scaler.step(opt)  # no inf recorded by unscale_: a plain step
+                else:
+                    opt.step()
+        if self.scaling:
+            # Once per module per step; backs the scale off when unscale_ recorded an inf.
+            self._scaler.update()
+        self._found_inf = False
+        self.optimizer_steps_lifetime += 1
+        self._window_steps += 1
+        if skipped:
+            self.skipped_steps_lifetime += 1
+            self._window_skipped += 1
+        return skipped
+
+    # -- reporting -------------------------------------------------------------------------
+    def get_scale(self) -> float:
+        """The current loss scale; 1.0 when no scaling is done (bfloat16)."""
+        return float(self._scaler.get_scale()) if self.scaling else 1.0
+
+    @property
+    def growth_tracker(self) -> int:
+        if not self.scaling:
+            return 0
+        return int(self._scaler.state_dict().get("_growth_tracker", 0))
+
+    def pop_window(self) -> tuple[int, int]:
+        """(optimizer steps, skipped steps) since the last call; resets the window."""
+        out = (self._window_steps, self._window_skipped)
+        self._window_steps = self._window_skipped = 0
+        return out
+
+    # -- checkpointing ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "scaling": self.scaling,
+            "torch": self._scaler.state_dict() if self.scaling else {},
+            "optimizer_steps_lifetime": self.optimizer_steps_lifetime,
+            "skipped_steps_lifetime": self.skipped_steps_lifetime,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from a saved state: same scale, growth tracker and counters.
+
+        The growth/backoff factors and growth interval stay those of this run's settings, so
+        a restored run can be retuned; the scale and growth tracker continue where they were.
+        A state saved without scaling (bfloat16) restores only the counters.
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"scaler state: expected a dict with version {STATE_VERSION}, got "
+                f"{type(state).__name__}; was this checkpoint written by rllib-amp?"
+            )
+        self.optimizer_steps_lifetime = int(state["optimizer_steps_lifetime"])
+        self.skipped_steps_lifetime = int(state["skipped_steps_lifetime"])
+        saved = state.get("torch") or {}
+        if self.scaling and saved:
+            merged = self._scaler.state_dict()
+            merged["scale"] = float(saved["scale"])
+            merged["_growth_tracker"] = int(saved["_growth_tracker"])
+            self._scaler.load_state_dict(merged)

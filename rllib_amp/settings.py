@@ -1,0 +1,157 @@
+"""AmpSettings: the one place where rllib-amp's defaults live.
+
+Everything that configures mixed precision (YAML files, ``with_amp(**fields)``, Tune search
+spaces) ends up here, and nothing invalid gets past ``AmpSettings.from_dict``.
+
+Example:
+    >>> from rllib_amp import AmpSettings
+    >>> s = AmpSettings.from_dict({"dtype": "float16", "init_scale": 1024})
+    >>> s.init_scale, s.enabled
+    (1024.0, 'auto')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+EnabledT = Union[Literal["auto"], bool]
+DTypeT = Literal["auto", "float16", "bfloat16"]
+
+DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def suggest(key: str, allowed: list[str] | tuple[str, ...]) -> str:
+    """Returns ' (did you mean 'x'?)' for the nearest allowed key, or ''."""
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+@dataclass(frozen=True)
+class AmpSettings:
+    """How a learner trains in mixed precision.
+
+    Attributes:
+        enabled: "auto" picks from the hardware (see ``rllib_amp.precision``), True forces
+            autocast on, False is exactly stock RLlib (float32).
+        dtype: "auto", "float16" (autocast + GradScaler) or "bfloat16" (autocast, no scaling).
+        init_scale: The GradScaler's first loss scale (float16 only).
+        growth_factor: Multiplies the scale after ``growth_interval`` clean steps; > 1.
+        backoff_factor: Multiplies the scale after an inf/nan gradient; in (0, 1).
+        growth_interval: Clean steps between two scale increases; >= 1.
+
+    Example:
+        >>> AmpSettings(dtype="bfloat16").enabled
+        'auto'
+    """
+
+    enabled: EnabledT = "auto"
+    dtype: DTypeT = "auto"
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def __post_init__(self) -> None:
+        # Validate even when constructed directly, so no invalid AmpSettings can exist.
+        _validate(self)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, *, where: str = "amp") -> AmpSettings:
+        """Builds validated settings from a plain mapping (a YAML block, a Tune config).
+
+        ``enabled: null`` (YAML) means "auto". Unknown keys and invalid values raise
+        ValueError naming the key, the value and what is allowed.
+
+        Example:
+            >>> AmpSettings.from_dict({"enabled": None}).enabled
+            'auto'
+        """
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise ValueError(
+                f"{where}: expected a mapping of AMP settings, got {type(d).__name__} "
+                f"{d!r}; write e.g. '{where}: {{dtype: bfloat16}}'"
+            )
+        names = cls.field_names()
+        kwargs: dict[str, Any] = {}
+        for key, value in d.items():
+            if key not in names:
+                raise ValueError(
+                    f"{where}.{key}: unknown AMP setting{suggest(str(key), names)}; "
+                    f"allowed keys: {', '.join(names)}"
+                )
+            kwargs[key] = value
+        if "enabled" in kwargs and kwargs["enabled"] is None:
+            kwargs["enabled"] = "auto"
+        if isinstance(kwargs.get("dtype"), str):
+            kwargs["dtype"] = _DTYPE_ALIASES.get(kwargs["dtype"], kwargs["dtype"])
+        for key in ("init_scale", "growth_factor", "backoff_factor"):
+            if key in kwargs and _is_number(kwargs[key]):
+                kwargs[key] = float(kwargs[key])
+        if (
+            "growth_interval" in kwargs
+            and isinstance(kwargs["growth_interval"], float)
+            and kwargs["growth_interval"].is_integer()
+        ):
+            kwargs["growth_interval"] = int(kwargs["growth_interval"])
+        try:
+            return cls(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"{where}.{e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **fields: Any) -> AmpSettings:
+        """A copy with some fields changed, validated like ``from_dict``."""
+        merged = self.to_dict()
+        merged.update(fields)
+        return AmpSettings.from_dict(merged)
+
+
+def _validate(s: AmpSettings) -> None:
+    # Messages start with the key so callers can prefix where the key came from.
+    if not (s.enabled == "auto" or isinstance(s.enabled, bool)):
+        raise ValueError(
+            f"enabled: got {s.enabled!r}; allowed: 'auto' (or null), true, false"
+        )
+    if s.dtype not in DTYPES:
+        raise ValueError(
+            f"dtype: got {s.dtype!r}; allowed: {', '.join(DTYPES)}"
+        )
+    for key in ("init_scale", "growth_factor", "backoff_factor"):
+        v = getattr(s, key)
+        if not _is_number(v) or not math.isfinite(v):
+            raise ValueError(f"{key}: got {v!r}; expected a finite number")
+    if s.init_scale <= 0:
+        raise ValueError(
+            f"init_scale: got {s.init_scale!r}; must be > 0 (the default is 65536.0)"
+        )
+    if s.growth_factor <= 1:
+        raise ValueError(
+            f"growth_factor: got {s.growth_factor!r}; must be > 1 (the default is 2.0)"
+        )
+    if not 0 < s.backoff_factor < 1:
+        raise ValueError(
+            f"backoff_factor: got {s.backoff_factor!r}; must be in (0, 1) (the default is 0.5)"
+        )
+    gi = s.growth_interval
+    if not isinstance(gi, int) or isinstance(gi, bool) or gi < 1:
+        raise ValueError(
+            f"growth_interval: got {gi!r}; must be an integer >= 1 (the default is 2000)"
+        )
