@@ -259,14 +259,22 @@ class AmpLearnerMixin:
         super().after_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]
         for module_id, scaler in self.amp_scalers.items():
             steps, skipped = scaler.pop_window()
-            values = {
-                M.GRAD_SCALE: scaler.get_scale(),
-                M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
-                M.OPTIMIZER_STEPS_LIFETIME: scaler.optimizer_steps_lifetime,
-            }
+            # "item" keeps the latest value (also across an iteration's several updates and
+            # across DDP learners, whose scalers are identical).
+            self.metrics.log_dict(  # type: ignore[attr-defined]
+                {
+                    M.GRAD_SCALE: scaler.get_scale(),
+                    M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
+                    M.OPTIMIZER_STEPS_LIFETIME: scaler.optimizer_steps_lifetime,
+                },
+                key=module_id,
+                reduce="item",
+            )
             if steps:
-                values[M.SKIP_FRACTION] = skipped / steps
-            self.metrics.log_dict(values, key=module_id, window=1)  # type: ignore[attr-defined]
+                # Averaged over an iteration's updates (each the same number of steps).
+                self.metrics.log_value(  # type: ignore[attr-defined]
+                    (module_id, M.SKIP_FRACTION), skipped / steps, window=1
+                )
 
     # -- checkpoints -----------------------------------------------------------------------
     @override(TorchLearner)

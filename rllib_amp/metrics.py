@@ -16,7 +16,8 @@ GRAD_SCALE = "amp_grad_scale"
 SKIPPED_STEPS_LIFETIME = "amp_skipped_steps_lifetime"
 # Optimizer steps taken or skipped, since the run started.
 OPTIMIZER_STEPS_LIFETIME = "amp_optimizer_steps_lifetime"
-# Skipped / optimizer steps within the learner's last update() (one train batch).
+# Skipped / optimizer steps of the last iteration (mean over its learner updates, which all
+# take the same number of optimizer steps).
 SKIP_FRACTION = "amp_skip_fraction"
 
 ALL_KEYS: tuple[str, ...] = (

@@ -1,0 +1,87 @@
+"""Tiny CartPole configs and helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from ray.rllib.algorithms.appo import APPOConfig
+from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.algorithms.ppo import PPOConfig
+
+from rllib_amp import with_amp
+from rllib_amp.learner import AmpLearnerMixin
+
+TINY = {"fcnet_hiddens": [16, 16]}
+
+
+def tiny_config(algo: str, *, seed: int = 0):
+    """A stock RLlib config small enough for a CPU test (no AMP applied)."""
+    if algo == "PPO":
+        cfg = PPOConfig().training(
+            train_batch_size_per_learner=128, minibatch_size=64, num_epochs=2
+        )
+        cfg.env_runners(num_env_runners=0)
+    elif algo == "DQN":
+        cfg = DQNConfig().training(
+            train_batch_size_per_learner=32, num_steps_sampled_before_learning_starts=32
+        )
+        cfg.env_runners(num_env_runners=0, rollout_fragment_length=32)
+    elif algo == "APPO":
+        cfg = APPOConfig().training(train_batch_size_per_learner=64)
+        cfg.env_runners(num_env_runners=1, rollout_fragment_length=32)
+        cfg.reporting(min_time_s_per_iteration=0.5)
+        cfg.learners(num_learners=0)  # local learner, so tests can look inside it
+    else:
+        raise ValueError(algo)
+    return (
+        cfg.environment("CartPole-v1")
+        .rl_module(model_config=dict(TINY))
+        .debugging(seed=seed)
+    )
+
+
+def amp_config(algo: str, *, seed: int = 0, **amp):
+    return with_amp(tiny_config(algo, seed=seed), **amp)
+
+
+def learner(algo_obj) -> AmpLearnerMixin:
+    """The local learner (num_learners=0) of an Algorithm."""
+    return algo_obj.learner_group._learner
+
+
+def train_until_learned(algo_obj, iterations: int = 1, max_tries: int = 30) -> dict:
+    """Trains until ``iterations`` results carry learner metrics (APPO is asynchronous)."""
+    got, result = 0, {}
+    for _ in range(max_tries):
+        result = algo_obj.train()
+        if "default_policy" in result.get("learners", {}):
+            got += 1
+            if got >= iterations:
+                return result
+    raise AssertionError(f"no learner results after {max_tries} iterations")
+
+
+def weights(algo_obj, module_id: str = "default_policy") -> dict[str, np.ndarray]:
+    module = learner(algo_obj).module[module_id]
+    return {k: v.detach().cpu().clone().numpy() for k, v in module.state_dict().items()}
+
+
+def all_finite(ws: dict[str, np.ndarray]) -> bool:
+    return all(np.isfinite(v).all() for v in ws.values())
+
+
+def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def optimizer_state(algo_obj, module_id: str = "default_policy") -> list[dict]:
+    out = []
+    for _, opt in learner(algo_obj).get_optimizers_for_module(module_id):
+        st = opt.state_dict()["state"]
+        out.append(
+            {
+                pid: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+                for pid, s in st.items()
+            }
+        )
+    return out

@@ -1,0 +1,109 @@
+"""Scaler state travels in every checkpoint and restores exactly."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from ray.rllib.algorithms.algorithm import Algorithm
+
+from tests.integration.common import (
+    amp_config,
+    learner,
+    optimizer_state,
+    same,
+    tiny_config,
+    train_until_learned,
+    weights,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def _scaler_view(algo_obj):
+    return {
+        mid: (s.get_scale(), s.growth_tracker, s.optimizer_steps_lifetime, s.skipped_steps_lifetime)
+        for mid, s in learner(algo_obj).amp_scalers.items()
+    }
+
+
+@pytest.mark.parametrize("algo", ["PPO", "DQN"])
+def test_save_and_from_checkpoint_continue_with_exact_scaler_state(algo, tmp_path):
+    # A small scale and interval so both backoffs and growth happen within two iterations.
+    cfg = amp_config(algo, dtype="float16", init_scale=2.0**20, growth_interval=3)
+    a = cfg.build_algo()
+    try:
+        train_until_learned(a, iterations=2)
+        view = _scaler_view(a)
+        scale, tracker, steps, _ = view["default_policy"]
+        assert steps > 0 and scale != 2.0**20  # something happened to the scale
+        a.save_to_path(str(tmp_path))
+        w = weights(a)
+    finally:
+        a.stop()
+
+    b = Algorithm.from_checkpoint(str(tmp_path))
+    try:
+        assert _scaler_view(b) == view
+        assert same(weights(b), w)
+    finally:
+        b.stop()
+
+    c = cfg.build_algo()
+    try:
+        assert _scaler_view(c) != view
+        c.restore_from_path(str(tmp_path))
+        assert _scaler_view(c) == view
+        # ...and training continues from there: the counters keep counting.
+        train_until_learned(c)
+        assert _scaler_view(c)["default_policy"][2] > steps
+    finally:
+        c.stop()
+
+
+def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, caplog):
+    a = tiny_config("PPO").build_algo()
+    try:
+        train_until_learned(a)
+        a.save_to_path(str(tmp_path))
+        w = weights(a)
+    finally:
+        a.stop()
+    b = amp_config("PPO", dtype="float16", init_scale=1024.0).build_algo()
+    try:
+        caplog.set_level(logging.INFO, logger="rllib_amp")
+        caplog.clear()
+        b.restore_from_path(str(tmp_path))
+        msgs = [r for r in caplog.records if r.name.startswith("rllib_amp")]
+        assert len(msgs) == 1 and msgs[0].levelno == logging.INFO, [m.getMessage() for m in msgs]
+        assert "fresh scalers" in msgs[0].getMessage()
+        assert _scaler_view(b)["default_policy"] == (1024.0, 0, 0, 0)
+        assert same(weights(b), w)  # nothing else about the restore changed
+    finally:
+        b.stop()
+
+
+def test_amp_checkpoint_restores_into_float32_run_with_one_warning(tmp_path, caplog):
+    a = amp_config("PPO", dtype="float16").build_algo()
+    try:
+        train_until_learned(a)
+        a.save_to_path(str(tmp_path))
+        w = weights(a)
+        opt = optimizer_state(a)
+    finally:
+        a.stop()
+    b = amp_config("PPO", enabled=False).build_algo()
+    try:
+        caplog.set_level(logging.INFO, logger="rllib_amp")
+        caplog.clear()
+        b.restore_from_path(str(tmp_path))
+        msgs = [r for r in caplog.records if r.name.startswith("rllib_amp")]
+        assert len(msgs) == 1 and msgs[0].levelno == logging.WARNING
+        assert "ignored" in msgs[0].getMessage()
+        assert learner(b).amp_scalers == {}
+        assert same(weights(b), w)
+        restored = optimizer_state(b)
+        assert [sorted(s) for s in restored] == [sorted(s) for s in opt]
+        b.train()  # and it trains on in float32
+    finally:
+        b.stop()

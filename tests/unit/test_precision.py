@@ -1,0 +1,98 @@
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from rllib_amp import AmpSettings
+from rllib_amp.precision import add_float32_islands, resolve, to_float32
+
+
+@pytest.mark.parametrize(
+    "cap, dtype, scaler",
+    [
+        ((9, 0), torch.bfloat16, False),  # Hopper
+        ((8, 0), torch.bfloat16, False),  # Ampere
+        ((7, 5), torch.float16, True),  # Turing
+        ((7, 0), torch.float16, True),  # Volta
+        ((6, 1), torch.float32, False),  # Pascal: no tensor cores
+    ],
+)
+def test_auto_on_fake_cuda_capabilities(cap, dtype, scaler):
+    p = resolve(AmpSettings(), "cuda", cuda_capability=cap)
+    assert p.dtype == dtype
+    assert p.use_scaler is scaler
+    assert p.device_type == "cuda"
+    assert f"{cap[0]}.{cap[1]}" in p.reason
+
+
+def test_auto_on_cpu_follows_native_bf16():
+    assert resolve(AmpSettings(), "cpu", cpu_bf16=True).dtype == torch.bfloat16
+    p = resolve(AmpSettings(), "cpu", cpu_bf16=False)
+    assert p.dtype == torch.float32 and not p.enabled
+
+
+def test_enabled_true_forces_a_16_bit_dtype_even_without_fast_hardware():
+    assert resolve(AmpSettings(enabled=True), "cpu", cpu_bf16=False).dtype == torch.bfloat16
+    p = resolve(AmpSettings(enabled=True), "cuda", cuda_capability=(6, 1))
+    assert p.dtype == torch.float16 and p.use_scaler
+
+
+def test_explicit_dtype_wins_and_disabled_is_float32():
+    p = resolve(AmpSettings(dtype="float16"), "cpu", cpu_bf16=True)
+    assert p.dtype == torch.float16 and p.use_scaler
+    p = resolve(AmpSettings(dtype="bfloat16"), "cuda", cuda_capability=(9, 0))
+    assert p.dtype == torch.bfloat16 and not p.use_scaler
+    p = resolve(AmpSettings(enabled=False, dtype="float16"), "cuda", cuda_capability=(9, 0))
+    assert p.dtype == torch.float32 and not p.use_scaler
+
+
+def test_unsupported_device():
+    assert not resolve(AmpSettings(), "meta").enabled
+    with pytest.raises(ValueError, match="amp.enabled"):
+        resolve(AmpSettings(enabled=True), "meta")
+
+
+def test_autocast_context_lowers_matmul_only_when_enabled():
+    lin = nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    with resolve(AmpSettings(dtype="bfloat16"), "cpu").autocast():
+        assert lin(x).dtype == torch.bfloat16
+    with resolve(AmpSettings(enabled=False), "cpu").autocast():
+        assert lin(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize("norm", [nn.BatchNorm1d(8), nn.LayerNorm(8), nn.GroupNorm(2, 8)])
+def test_norm_layers_run_in_float32_islands(norm):
+    model = nn.Sequential(nn.Linear(8, 8), norm, nn.Linear(8, 2))
+    keys_before = list(model.state_dict())
+    seen = []
+    norm.register_forward_hook(lambda m, i, o: seen.append((i[0].dtype, o.dtype)))
+    assert add_float32_islands(model) == 1
+    assert add_float32_islands(model) == 0  # idempotent
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.randn(4, 8))
+    assert seen == [(torch.float32, torch.float32)]
+    assert out.dtype == torch.bfloat16  # the next Linear is back in low precision
+    assert list(model.state_dict()) == keys_before  # checkpoints unchanged
+
+
+def test_to_float32_casts_nested_16_bit_tensors_only():
+    tree = {
+        "a": torch.ones(2, dtype=torch.bfloat16),
+        "b": [torch.ones(1, dtype=torch.float16), torch.ones(1, dtype=torch.int64)],
+        "c": (torch.ones(1, dtype=torch.float64), "text"),
+    }
+    out = to_float32(tree)
+    assert out["a"].dtype == torch.float32
+    assert out["b"][0].dtype == torch.float32
+    assert out["b"][1].dtype == torch.int64
+    assert out["c"][0].dtype == torch.float64 and out["c"][1] == "text"
+
+
+def test_describe_names_dtype_and_reason(caplog):
+    p = resolve(AmpSettings(), "cuda", cuda_capability=(7, 5))
+    text = p.describe()
+    assert "float16" in text and "GradScaler on" in text and "7.5" in text
+    assert "float32 (autocast off)" in resolve(AmpSettings(enabled=False), "cpu").describe()
+    logging.getLogger("x").info(text)
