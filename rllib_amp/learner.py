@@ -107,9 +107,7 @@ class AmpLearnerMixin:
             for module_id in self.module.keys():  # type: ignore[attr-defined]
                 self._amp_setup_module(module_id)
         else:
-            logger.info(
-                "rllib_amp: all modules train in %s", self._amp_precision.describe()
-            )
+            logger.info("rllib_amp: all modules train in %s", self._amp_precision.describe())
 
     @property
     def amp_enabled(self) -> bool:
@@ -129,7 +127,9 @@ class AmpLearnerMixin:
         precision = self._amp_precision
         assert precision is not None and self._amp_settings is not None
         self._amp_scalers[module_id] = PolicyScaler(
-            self._amp_settings, self._device, scaling=precision.use_scaler  # type: ignore[attr-defined]
+            self._amp_settings,
+            self._device,
+            scaling=precision.use_scaler,  # type: ignore[attr-defined]
         )
         module = self.module[module_id]  # type: ignore[attr-defined]
         islands = add_float32_islands(module) if isinstance(module, torch.nn.Module) else 0
@@ -259,17 +259,21 @@ class AmpLearnerMixin:
         super().after_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]
         for module_id, scaler in self.amp_scalers.items():
             steps, skipped = scaler.pop_window()
-            # "item" keeps the latest value (also across an iteration's several updates and
-            # across DDP learners, whose scalers are identical).
-            self.metrics.log_dict(  # type: ignore[attr-defined]
-                {
-                    M.GRAD_SCALE: scaler.get_scale(),
-                    M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
-                    M.OPTIMIZER_STEPS_LIFETIME: scaler.optimizer_steps_lifetime,
-                },
-                key=module_id,
-                reduce="item",
+            # RLlib's "item" reduce keeps the latest value (the scale after the iteration's
+            # last update) but cannot merge several learners; their scalers are identical
+            # (DDP), so there the scale is averaged over the iteration's updates instead.
+            single = self.config.num_learners <= 1  # type: ignore[attr-defined]
+            self.metrics.log_value(  # type: ignore[attr-defined]
+                (module_id, M.GRAD_SCALE),
+                scaler.get_scale(),
+                **({"reduce": "item"} if single else {"window": 1}),
             )
+            for key, value in (
+                (M.SKIPPED_STEPS_LIFETIME, scaler.skipped_steps_lifetime),
+                (M.OPTIMIZER_STEPS_LIFETIME, scaler.optimizer_steps_lifetime),
+            ):
+                # Monotonic counters: the max is the latest value, on any number of learners.
+                self.metrics.log_value((module_id, key), value, reduce="max", window=1)
             if steps:
                 # Averaged over an iteration's updates (each the same number of steps).
                 self.metrics.log_value(  # type: ignore[attr-defined]
@@ -320,9 +324,7 @@ class AmpLearnerMixin:
             else:
                 fresh.append(module_id)
         if fresh:
-            logger.info(
-                "rllib_amp: no saved scaler state for modules %s; they start fresh", fresh
-            )
+            logger.info("rllib_amp: no saved scaler state for modules %s; they start fresh", fresh)
 
 
 class AmpPPOTorchLearner(AmpLearnerMixin, PPOTorchLearner):

@@ -141,7 +141,10 @@ def resolve(
         return Precision(torch.bfloat16, kind, False, "CPU has native bfloat16 (AVX512-BF16/AMX)")
     if forced:
         return Precision(
-            torch.bfloat16, kind, False, "CPU lacks native bfloat16 but enabled=true: emulated, slow"
+            torch.bfloat16,
+            kind,
+            False,
+            "CPU lacks native bfloat16 but enabled=true: emulated, slow",
         )
     return Precision(torch.float32, kind, False, "CPU has no native bfloat16")
 

@@ -127,21 +127,15 @@ class AmpSettings:
 def _validate(s: AmpSettings) -> None:
     # Messages start with the key so callers can prefix where the key came from.
     if not (s.enabled == "auto" or isinstance(s.enabled, bool)):
-        raise ValueError(
-            f"enabled: got {s.enabled!r}; allowed: 'auto' (or null), true, false"
-        )
+        raise ValueError(f"enabled: got {s.enabled!r}; allowed: 'auto' (or null), true, false")
     if s.dtype not in DTYPES:
-        raise ValueError(
-            f"dtype: got {s.dtype!r}; allowed: {', '.join(DTYPES)}"
-        )
+        raise ValueError(f"dtype: got {s.dtype!r}; allowed: {', '.join(DTYPES)}")
     for key in ("init_scale", "growth_factor", "backoff_factor"):
         v = getattr(s, key)
         if not _is_number(v) or not math.isfinite(v):
             raise ValueError(f"{key}: got {v!r}; expected a finite number")
     if s.init_scale <= 0:
-        raise ValueError(
-            f"init_scale: got {s.init_scale!r}; must be > 0 (the default is 65536.0)"
-        )
+        raise ValueError(f"init_scale: got {s.init_scale!r}; must be > 0 (the default is 65536.0)")
     if s.growth_factor <= 1:
         raise ValueError(
             f"growth_factor: got {s.growth_factor!r}; must be > 1 (the default is 2.0)"

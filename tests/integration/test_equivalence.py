@@ -41,15 +41,12 @@ def test_amp_disabled_is_bit_identical_to_stock_rllib(algo):
 
 
 def _clip_config(seed=5):
-    return (
-        tiny_config("PPO", seed=seed)
-        .training(
-            grad_clip=0.1,
-            grad_clip_by="global_norm",
-            train_batch_size_per_learner=256,
-            minibatch_size=256,
-            num_epochs=1,
-        )
+    return tiny_config("PPO", seed=seed).training(
+        grad_clip=0.1,
+        grad_clip_by="global_norm",
+        train_batch_size_per_learner=256,
+        minibatch_size=256,
+        num_epochs=1,
     )
 
 

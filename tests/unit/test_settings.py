@@ -60,7 +60,9 @@ def test_from_dict_rejects_invalid_values_naming_key_value_and_allowed(d, key, f
 
 
 def test_unknown_key_is_rejected_with_suggestion():
-    with pytest.raises(ValueError, match=r"amp\.init_scal: unknown AMP setting \(did you mean 'init_scale'\?\)"):
+    with pytest.raises(
+        ValueError, match=r"amp\.init_scal: unknown AMP setting \(did you mean 'init_scale'\?\)"
+    ):
         AmpSettings.from_dict({"init_scal": 2.0})
 
 
