@@ -13,7 +13,12 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 def _scaler_states(algo_obj):
     results = algo_obj.learner_group.foreach_learner(
         lambda lrn: {
-            mid: (s.get_scale(), s.growth_tracker, s.optimizer_steps_lifetime, s.skipped_steps_lifetime)
+            mid: (
+                s.get_scale(),
+                s.growth_tracker,
+                s.optimizer_steps_lifetime,
+                s.skipped_steps_lifetime,
+            )
             for mid, s in lrn.amp_scalers.items()
         }
     )
