@@ -1,0 +1,380 @@
+"""``python -m rllib_amp.tune``: sweep AMP scaler settings and batch size with Ray Tune.
+
+Runs one experiment file (default ``tune_configs/cartpole_ppo_amp.yaml``) on a local Ray
+started in-process, or on a cluster (``--address auto`` on a node of it). Prints Tune's
+progress table with AMP columns, then a summary of all trials sorted by the metric, the best
+trial's checkpoint, and writes ``results.parquet`` (one row per trial) to the experiment
+folder. Exit status: 0 success, 1 a trial failed or did not finish, 2 bad input.
+
+Example:
+    python -m rllib_amp.tune --set stop.training_iteration=2 --num-samples 1
+    python -m rllib_amp.tune --config tune_configs/pong_ppo_amp.yaml --address auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rllib_amp import metrics as M
+
+DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
+DEFAULT_STORAGE = "~/ray_results"
+MODULE_ID = "default_policy"
+RESULTS_FILE = "results.parquet"
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
+        raise UsageError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m rllib_amp.tune",
+        description="Sweep the GradScaler's init_scale / growth_interval and the batch size "
+        "of an rllib-amp experiment with Ray Tune.",
+    )
+    p.add_argument("--config", default=None, help=f"experiment YAML (default: {DEFAULT_CONFIG})")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster: 'auto', host:port or ray://host:port (default: a local Ray "
+        "started in this process)",
+    )
+    p.add_argument("--num-samples", type=int, default=None, help="samples per grid point")
+    p.add_argument(
+        "--storage-path", default=None, help=f"where experiments go (default: {DEFAULT_STORAGE})"
+    )
+    p.add_argument("--name", default=None, help="experiment name (default: the file's name)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the file, dotted (amp.init_scale=1024); repeatable",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted experiment NAME in STORAGE_PATH: finished trials are "
+        "kept, unfinished ones continue from their last checkpoint",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the resolved config and search space only"
+    )
+    return p
+
+
+def find_config(path: str | None) -> str:
+    """The experiment file: as given, or the default next to the package or in the cwd."""
+    if path is not None:
+        return path
+    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        candidate = base / DEFAULT_CONFIG
+        if candidate.is_file():
+            return str(candidate)
+    raise UsageError(
+        f"--config: no {DEFAULT_CONFIG} in the current folder or beside the package; "
+        f"pass --config PATH"
+    )
+
+
+# -- trial config <-> dotted keys ------------------------------------------------------------
+def config_path(dotted: str, config: dict[str, Any]) -> tuple[str, ...]:
+    """Where a dotted experiment key lives in a trial's config (``AlgorithmConfig.to_dict()``).
+
+    ``config`` is such a dict: it decides between RLlib's public and underscored names
+    (``train_batch_size_per_learner`` is stored as ``_train_batch_size_per_learner``).
+    """
+    from rllib_amp.learner import AMP_CONFIG_KEY
+
+    top, _, rest = dotted.partition(".")
+    parts = rest.split(".") if rest else []
+    if top == "amp":
+        return ("learner_config_dict", AMP_CONFIG_KEY, *parts)
+    if top == "env_config":
+        return ("env_config", *parts)
+    if top == "model":
+        return ("_model_config", *parts)
+    if top == "seed":
+        return ("seed",)
+    head = parts[0] if parts else top
+    for candidate in (head, f"_{head}", head.rstrip("_")):
+        if candidate in config:
+            return (candidate, *parts[1:])
+    return (head, *parts[1:])
+
+
+def _dig(d: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _metric(result: dict[str, Any] | None, key: str) -> Any:
+    if not result:
+        return None
+    if key in result:
+        return result[key]
+    return _dig(result, key.split("/"))
+
+
+def amp_metric_key(name: str, module_id: str = MODULE_ID) -> str:
+    return f"learners/{module_id}/{name}"
+
+
+# -- running --------------------------------------------------------------------------------
+def _progress_reporter(exp: Any) -> Any:
+    from ray.tune import CLIReporter
+
+    columns = {
+        "training_iteration": "iter",
+        exp.tune["metric"]: "return" if "return" in exp.tune["metric"] else exp.tune["metric"],
+        amp_metric_key(M.GRAD_SCALE): "grad scale",
+        amp_metric_key(M.SKIP_FRACTION): "skip frac",
+        "env_runners/num_env_steps_sampled_lifetime_throughput/throughput_since_last_reduce": (
+            "env steps/s"
+        ),
+        "num_env_steps_sampled_lifetime": "env steps",
+    }
+    sample = exp.algorithm_config().to_dict()
+    params = {"/".join(config_path(k, sample)): k.split(".")[-1] for k in exp.search}
+    return CLIReporter(
+        metric_columns=columns,
+        parameter_columns=params,
+        max_report_frequency=10,
+    )
+
+
+def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore: bool) -> Any:
+    from ray import tune
+
+    trainable = exp.algorithm_config().algo_class
+    param_space = exp.tune_param_space()
+    if restore:
+        return tune.Tuner.restore(
+            os.path.join(storage, name),
+            trainable=trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            param_space=param_space,
+        )
+    t = exp.tune
+    scheduler = None
+    if t["scheduler"] == "asha":
+        scheduler = tune.schedulers.ASHAScheduler(grace_period=2)
+    ck = exp.checkpoint
+    run_config = tune.RunConfig(
+        name=name,
+        storage_path=storage,
+        stop=exp.stop,
+        checkpoint_config=tune.CheckpointConfig(
+            checkpoint_frequency=ck["frequency"],
+            num_to_keep=ck["num_to_keep"],
+            checkpoint_at_end=ck["at_end"],
+        ),
+        # A failed trial restarts from its last checkpoint, scaler state included.
+        failure_config=tune.FailureConfig(max_failures=t["max_failures"]),
+        progress_reporter=_progress_reporter(exp),
+        verbose=1,
+    )
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            metric=t["metric"],
+            mode=t["mode"],
+            num_samples=args.num_samples or t["num_samples"],
+            scheduler=scheduler,
+            max_concurrent_trials=t["max_concurrent_trials"],
+        ),
+        run_config=run_config,
+    )
+
+
+def summarize(exp: Any, grid: Any) -> list[dict[str, Any]]:
+    """One row per trial: searched parameters, final metrics, checkpoint, error."""
+    rows = []
+    for result in grid:
+        cfg = result.config or {}
+        final = result.metrics or {}
+        row: dict[str, Any] = {"trial_id": final.get("trial_id")}
+        for key in exp.search:
+            row[key] = _dig(cfg, config_path(key, cfg))
+        steps = _metric(final, "num_env_steps_sampled_lifetime")
+        total = _metric(final, "time_total_s")
+        status = "ERROR" if result.error else ("DONE" if final.get("done") else "UNFINISHED")
+        row.update(
+            {
+                "status": status,
+                "training_iteration": final.get("training_iteration"),
+                exp.tune["metric"]: _metric(final, exp.tune["metric"]),
+                "grad_scale": _metric(final, amp_metric_key(M.GRAD_SCALE)),
+                "skip_fraction": _metric(final, amp_metric_key(M.SKIP_FRACTION)),
+                "skipped_steps": _metric(final, amp_metric_key(M.SKIPPED_STEPS_LIFETIME)),
+                "env_steps_per_s": (steps / total) if steps and total else None,
+                "checkpoint": result.checkpoint.path if result.checkpoint else None,
+                "error": str(result.error).splitlines()[0] if result.error else None,
+            }
+        )
+        rows.append(row)
+    reverse = exp.tune["mode"] == "max"
+
+    def key(r: dict[str, Any]) -> float:
+        v = r[exp.tune["metric"]]
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return -math.inf if reverse else math.inf
+        return float(v)
+
+    rows.sort(key=key, reverse=reverse)
+    return rows
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if v.is_integer() and abs(v) < 1e15:
+            return f"{v:,.0f}"
+        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
+    return str(v)
+
+
+def format_table(exp: Any, rows: list[dict[str, Any]]) -> str:
+    short = {k: k.split(".")[-1] for k in exp.search}
+    cols = [
+        ("trial_id", "trial"),
+        *short.items(),
+        ("grad_scale", "final grad scale"),
+        ("skip_fraction", "skip frac"),
+        (exp.tune["metric"], exp.tune["metric"].split("/")[-1]),
+        ("env_steps_per_s", "env steps/s"),
+        ("status", "status"),
+    ]
+    table = [[title for _, title in cols]]
+    table += [[_fmt(r.get(key)) for key, _ in cols] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns: dict[str, list[Any]] = {}
+    for key in dict.fromkeys(k for r in rows for k in r):
+        values = [r.get(key) for r in rows]
+        # Mixed ints/floats (e.g. a searched init_scale) become floats, for one column type.
+        if any(isinstance(v, float) for v in values) and all(
+            v is None or isinstance(v, (int, float)) for v in values
+        ):
+            values = [None if v is None else float(v) for v in values]
+        columns[key] = values
+    pq.write_table(pa.table(columns), path)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.num_samples is not None and args.num_samples < 1:
+        raise UsageError(f"--num-samples: got {args.num_samples}; must be >= 1")
+    from rllib_amp import experiment as E
+
+    exp = E.load(find_config(args.config), overrides=args.overrides)
+    name = args.name or exp.name
+    storage = os.path.abspath(os.path.expanduser(args.storage_path or DEFAULT_STORAGE))
+    exp_dir = os.path.join(storage, name)
+    if args.resume and not os.path.isdir(exp_dir):
+        raise UsageError(
+            f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of the "
+            f"interrupted run"
+        )
+
+    if args.dry_run:
+        import yaml
+
+        print(f"# experiment {exp.path} -> {exp_dir}")
+        print(yaml.safe_dump(exp.resolved(), sort_keys=False).rstrip())
+        print("# search space")
+        for key, spec in exp.search.items():
+            print(f"{key}: {spec}")
+        print(f"# trials: {_count_trials(exp, args.num_samples)}")
+        return 0
+
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        if args.address:
+            ray.init(address=args.address, log_to_driver=False)
+        else:
+            ray.init(log_to_driver=False)
+            started = True
+    try:
+        tuner = _tuner(exp, args, storage, name, restore=args.resume)
+        grid = tuner.fit()
+    finally:
+        if started:
+            ray.shutdown()
+
+    rows = summarize(exp, grid)
+    os.makedirs(exp_dir, exist_ok=True)
+    parquet = os.path.join(exp_dir, RESULTS_FILE)
+    write_parquet(rows, parquet)
+    print()
+    print(f"Trials of {name}, best first by {exp.tune['metric']} ({exp.tune['mode']}):")
+    print(format_table(exp, rows))
+    best = next((r for r in rows if r["status"] == "DONE" and r["checkpoint"]), None)
+    print(f"Best trial checkpoint: {best['checkpoint'] if best else '-'}")
+    print(f"Results: {parquet}")
+    failed = [r for r in rows if r["status"] == "ERROR"]
+    unfinished = [r for r in rows if r["status"] == "UNFINISHED"]
+    if unfinished:
+        print(
+            f"{len(unfinished)} trial(s) did not finish; continue with: python -m rllib_amp.tune "
+            f"--config {exp.path} --name {name} --storage-path {storage} --resume"
+        )
+    if failed:
+        print(f"{len(failed)} trial(s) failed: {', '.join(str(r['trial_id']) for r in failed)}")
+    return 1 if failed or unfinished else 0
+
+
+def _count_trials(exp: Any, num_samples: int | None) -> int:
+    n = num_samples or exp.tune["num_samples"]
+    for spec in exp.search.values():
+        ((kind, arg),) = spec.items()
+        if kind == "grid":
+            n *= len(arg)
+    return n
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rllib_amp.experiment import ExperimentError
+
+    # Tune's classic reporter, so the AMP columns show in the progress table.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    try:
+        return run(argv)
+    except (UsageError, ExperimentError) as e:
+        print(f"python -m rllib_amp.tune: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,175 @@
+"""`python -m rllib_amp.tune` end to end, its resume, and its answers to bad input."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from rllib_amp import tune as cli
+
+TINY = """
+# a tiny sweep for tests
+algorithm: PPO
+env: CartPole-v1
+model: {{fcnet_hiddens: [16]}}
+amp: {{dtype: float16}}
+training: {{train_batch_size_per_learner: 200, minibatch_size: 100, num_epochs: 1}}
+resources: {{num_env_runners: 0}}
+search:
+  amp.init_scale: {{grid: [1024.0, 65536.0]}}
+  amp.growth_interval: {{choice: [5, 2000]}}
+  training.train_batch_size_per_learner: {{choice: [100, 200]}}
+tune: {{max_concurrent_trials: 1}}
+stop: {{training_iteration: {iterations}}}
+checkpoint: {{frequency: 1, num_to_keep: 2}}
+seed: 0
+"""
+
+
+def tiny_file(tmp_path, iterations=2):
+    p = tmp_path / "tiny.yaml"
+    p.write_text(textwrap.dedent(TINY.format(iterations=iterations)))
+    return str(p)
+
+
+def test_dry_run_prints_config_and_space_and_runs_nothing(tmp_path, capsys):
+    rc = cli.main(["--config", tiny_file(tmp_path), "--dry-run", "--storage-path", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "algorithm: PPO" in out and "amp.init_scale: {'grid': [1024.0, 65536.0]}" in out
+    assert "# trials: 2" in out
+    assert not os.path.exists(tmp_path / "tiny")
+
+
+def test_default_config_is_found_and_valid(capsys):
+    assert cli.main(["--dry-run"]) == 0
+    assert "cartpole_ppo_amp" in capsys.readouterr().out
+
+
+BAD_ARGS = [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--num-samples", "x"], "--num-samples: invalid int value: 'x'"),
+    (["--num-samples", "0"], "--num-samples: got 0; must be >= 1"),
+    (["--config", "/nonexistent.yaml"], "/nonexistent.yaml: no such file"),
+    (["--set", "amp.init_scale"], "expected KEY=VALUE"),
+    (["--set", "amp.init_scale=-3"], "amp.init_scale: got -3.0; must be > 0"),
+    (["--set", "amp.dtype=fp8"], "amp.dtype: got 'fp8'"),
+    (["--set", "trainig.lr=0.1"], "unknown key 'trainig' (did you mean 'training'?)"),
+    (["--set", "training.minibatch_size=1000"], "training.minibatch_size: 1000 is larger"),
+    (["--resume", "--name", "never-ran"], "--resume: no experiment at"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
+def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, args, fragment):
+    rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("python -m rllib_amp.tune: error: "), err
+    assert fragment in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_flags_in_a_real_process_exit_2_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "rllib_amp.tune", "--set", "amp.backoff_factor=2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        and "amp.backoff_factor: got 2.0; must be in (0, 1)" in proc.stderr
+    )
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys):
+    rc = cli.main(
+        ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path), "--name", "e2e"]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    # Tune's progress table carries the AMP columns.
+    assert "grad scale" in out and "skip frac" in out and "env steps/s" in out
+    # The summary: every trial, with its parameters and final AMP state, best first.
+    summary = out[out.index("Trials of e2e") :]
+    assert "final grad scale" in summary and "init_scale" in summary
+    assert "Best trial checkpoint: " + str(tmp_path) in summary
+    table = pq.read_table(str(tmp_path / "e2e" / "results.parquet")).to_pylist()
+    assert len(table) == 2
+    assert {r["amp.init_scale"] for r in table} == {1024.0, 65536.0}
+    for r in table:
+        assert r["status"] == "DONE" and r["training_iteration"] == 2
+        assert r["amp.growth_interval"] in (5, 2000)
+        assert r["training.train_batch_size_per_learner"] in (100, 200)
+        assert r["grad_scale"] >= 1.0 and 0.0 <= r["skip_fraction"] <= 1.0
+        assert r["env_steps_per_s"] > 0 and os.path.isdir(r["checkpoint"])
+    returns = [r["env_runners/episode_return_mean"] for r in table]
+    assert returns == sorted(returns, reverse=True)
+
+
+def _results(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(tmp_path):
+    import ray
+
+    config = tiny_file(tmp_path, iterations=12)
+    cmd = [
+        sys.executable, "-m", "rllib_amp.tune", "--config", config,
+        "--address", ray.get_runtime_context().gcs_address,
+        "--storage-path", str(tmp_path), "--name", "resume",
+    ]  # fmt: skip
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    pattern = str(tmp_path / "resume" / "*" / "result.json")
+    deadline = time.time() + 300
+    done, running = [], []
+    while time.time() < deadline:
+        files = {f: _results(f) for f in glob.glob(pattern)}
+        done = [f for f, rs in files.items() if rs and rs[-1].get("done")]
+        running = [f for f, rs in files.items() if len(rs) >= 2 and not rs[-1].get("done")]
+        if done and running:
+            break
+        time.sleep(0.1)
+    assert done and running, "could not catch the sweep mid-way"
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C does
+    assert proc.wait(timeout=120) == 1  # unfinished trials: exit 1 and a --resume hint
+    log.close()
+    assert "--resume" in (tmp_path / "first.log").read_text()
+    finished = {f: len(_results(f)) for f in done}
+
+    out = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for f, n in finished.items():
+        assert len(_results(f)) == n, f"finished trial {f} ran again"
+    table = pq.read_table(str(tmp_path / "resume" / "results.parquet")).to_pylist()
+    assert len(table) == 2 and all(r["status"] == "DONE" for r in table)
+    # The interrupted trial continued from its checkpoint with its scaler state: the AMP
+    # step counter kept counting instead of restarting from zero.
+    rs = _results(running[0])
+    assert any(r["iterations_since_restore"] < r["training_iteration"] for r in rs)
+    steps = [r["learners"]["default_policy"]["amp_optimizer_steps_lifetime"] for r in rs]
+    iters = [r["training_iteration"] for r in rs]
+    after_restore = [
+        s for r, s in zip(rs, steps) if r["iterations_since_restore"] < r["training_iteration"]
+    ]
+    before = [
+        s for r, s in zip(rs, steps) if r["iterations_since_restore"] == r["training_iteration"]
+    ]
+    assert min(after_restore) > min(before), (iters, steps)
+    assert rs[-1]["training_iteration"] == 12
