@@ -33,6 +33,7 @@ from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from rllib_amp import envs
 from rllib_amp.api import with_amp
 from rllib_amp.learner import AMP_CONFIG_KEY
+from rllib_amp.metrics import tag_learners_with_trial
 from rllib_amp.settings import AmpSettings, suggest
 
 ALGORITHMS: dict[str, type[AlgorithmConfig]] = {
@@ -275,6 +276,8 @@ class Experiment:
             )
         if d["seed"] is not None:
             config.debugging(seed=d["seed"])
+        # Tag the learners' Ray metrics (dashboard / Prometheus) with the Tune trial.
+        config.callbacks(on_algorithm_init=tag_learners_with_trial)
         # AMP settings: validated values through with_amp, samplers placed afterwards.
         plain_amp = {k: v for k, v in d["amp"].items() if not _is_domain(v)}
         with_amp(config, AmpSettings.from_dict(plain_amp, where="amp"))

@@ -94,6 +94,11 @@ class AmpLearnerMixin:
     # Set in build(); None until then.
     _amp_precision: Precision | None = None
     _amp_settings: AmpSettings | None = None
+    # The trial tag of the Ray metrics (set by metrics.tag_learners_with_trial under Tune).
+    _amp_trial: str = "default"
+
+    def set_amp_trial(self, trial: str) -> None:
+        self._amp_trial = trial
 
     # -- setup -----------------------------------------------------------------------------
     @override(TorchLearner)
@@ -274,11 +279,17 @@ class AmpLearnerMixin:
             ):
                 # Monotonic counters: the max is the latest value, on any number of learners.
                 self.metrics.log_value((module_id, key), value, reduce="max", window=1)
+            published = {
+                M.GRAD_SCALE: scaler.get_scale(),
+                M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
+            }
             if steps:
                 # Averaged over an iteration's updates (each the same number of steps).
                 self.metrics.log_value(  # type: ignore[attr-defined]
                     (module_id, M.SKIP_FRACTION), skipped / steps, window=1
                 )
+                published[M.SKIP_FRACTION] = skipped / steps
+            M.publish(published, trial=self._amp_trial, module=module_id)
 
     # -- checkpoints -----------------------------------------------------------------------
     @override(TorchLearner)

@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 # The loss scale after the learner's last update (1.0 when no scaling: bfloat16).
 GRAD_SCALE = "amp_grad_scale"
 # Optimizer steps skipped because a gradient was inf/nan, since the run started.
@@ -26,3 +28,49 @@ ALL_KEYS: tuple[str, ...] = (
     OPTIMIZER_STEPS_LIFETIME,
     SKIP_FRACTION,
 )
+
+
+# -- Ray metrics (dashboard / Prometheus) ---------------------------------------------------
+# Published by every learner after each update, tagged by trial and module; Ray exports them
+# on each node's metrics endpoint as ray_<name> (e.g. ray_rllib_amp_grad_scale).
+RAY_METRICS: dict[str, tuple[str, str]] = {
+    GRAD_SCALE: ("rllib_amp_grad_scale", "Loss scale of the policy's GradScaler (1 = none)"),
+    SKIPPED_STEPS_LIFETIME: (
+        "rllib_amp_skipped_steps",
+        "Optimizer steps skipped on inf/nan gradients, since the run started",
+    ),
+    SKIP_FRACTION: (
+        "rllib_amp_skip_fraction",
+        "Skipped / optimizer steps in the learner's last update",
+    ),
+}
+TAG_KEYS = ("trial", "module")
+_gauges: dict[str, Any] = {}
+
+
+def publish(values: dict[str, float], *, trial: str, module: str) -> None:
+    """Sets the Ray gauges for one module; does nothing outside a Ray worker or driver."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from ray.util.metrics import Gauge
+
+    for key, value in values.items():
+        if key not in RAY_METRICS:
+            continue
+        if key not in _gauges:
+            name, description = RAY_METRICS[key]
+            _gauges[key] = Gauge(name, description, tag_keys=TAG_KEYS)
+        _gauges[key].set(float(value), tags={"trial": trial, "module": str(module)})
+
+
+def tag_learners_with_trial(*, algorithm: Any, **kwargs: Any) -> None:
+    """RLlib ``on_algorithm_init`` callback: tells the learners which trial they serve."""
+    trial = str(getattr(algorithm, "trial_name", None) or "default")
+
+    def tag(learner: Any) -> None:
+        if hasattr(learner, "set_amp_trial"):
+            learner.set_amp_trial(trial)
+
+    algorithm.learner_group.foreach_learner(tag)

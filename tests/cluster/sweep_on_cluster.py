@@ -1,0 +1,57 @@
+"""Runs a tiny sweep on a two-node ray.cluster_utils.Cluster; prints a JSON verdict.
+
+A separate process, because the test session already holds its own local Ray.
+Usage: python sweep_on_cluster.py CONFIG STORAGE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep every node on 127.0.0.1
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from rllib_amp import tune as cli  # noqa: E402
+
+
+def main() -> int:
+    config, storage = sys.argv[1], sys.argv[2]
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": True},  # the head runs no trial
+    )
+    try:
+        worker = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        rc = cli.main(["--config", config, "--address", cluster.address,
+                       "--storage-path", storage, "--name", "cluster"])  # fmt: skip
+        from ray.util.state import list_actors
+
+        trial_nodes = {
+            a.node_id
+            for a in list_actors(filters=[("class_name", "=", "PPO")], detail=True, limit=1000)
+        }
+        print(
+            "VERDICT "
+            + json.dumps(
+                {
+                    "rc": rc,
+                    "trial_nodes": sorted(trial_nodes),
+                    "worker": worker.node_id,
+                    "head": cluster.head_node.node_id,
+                }
+            )
+        )
+        return 0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

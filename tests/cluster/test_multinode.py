@@ -1,0 +1,39 @@
+"""A sweep given a multi-node cluster's address runs its trials on the worker node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+
+from tests.cli.test_tune_cli import tiny_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_sweep_runs_on_the_worker_of_a_two_node_cluster(tmp_path):
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "sweep_on_cluster.py"),
+            tiny_file(tmp_path),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=env,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("VERDICT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = json.loads(lines[-1][len("VERDICT ") :])
+    assert verdict["rc"] == 0
+    assert verdict["trial_nodes"] == [verdict["worker"]]
+    assert verdict["head"] != verdict["worker"]
+    table = pq.read_table(str(tmp_path / "cluster" / "results.parquet")).to_pylist()
+    assert len(table) == 2 and all(r["status"] == "DONE" for r in table)
