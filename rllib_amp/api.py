@@ -16,6 +16,7 @@ from ray.rllib.algorithms.appo import APPOConfig
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 
+from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
 from rllib_amp.learner import AMP_CONFIG_KEY, amp_learner_class, settings_from_config
 from rllib_amp.settings import AmpSettings
 
@@ -29,6 +30,9 @@ SUPPORTED_CONFIGS: dict[str, type[AlgorithmConfig]] = {
 }
 
 
+_AMP_ENV_RUNNERS = (AmpSingleAgentEnvRunner, AmpMultiAgentEnvRunner)
+
+
 def with_amp(
     config: AlgorithmConfig, settings: AmpSettings | None = None, **fields: Any
 ) -> AlgorithmConfig:
@@ -39,7 +43,9 @@ def with_amp(
         settings: AmpSettings to use; defaults to ``AmpSettings()`` (precision "auto").
         **fields: AmpSettings fields that override ``settings`` (validated).
 
-    Like RLlib's own builder methods, this changes ``config`` in place and returns it.
+    Like RLlib's own builder methods, this changes ``config`` in place and returns it. It
+    also sets the EnvRunner class (autocast inference, ``AmpSettings.inference_dtype``) for
+    single- or multi-agent, so call it after ``config.multi_agent(...)``.
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -83,4 +89,9 @@ def with_amp(
         settings = settings.replace(**fields)
     config.learners(learner_class=amp_learner_class(config.learner_class))
     config.learners(learner_config_dict={AMP_CONFIG_KEY: settings.to_dict()})
+    # Autocast inference on the EnvRunners, unless the user brought their own EnvRunner.
+    if config.env_runner_cls in (None, *_AMP_ENV_RUNNERS):
+        config.env_runners(
+            env_runner_cls=AmpMultiAgentEnvRunner if config.is_multi_agent else AmpSingleAgentEnvRunner
+        )
     return config

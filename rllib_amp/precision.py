@@ -149,6 +149,25 @@ def resolve(
     return Precision(torch.float32, kind, False, "CPU has no native bfloat16")
 
 
+def resolve_inference(settings: AmpSettings, device: torch.device | str, **probes: Any) -> Precision:
+    """The precision of EnvRunner forward passes (action computation; no loss scaling).
+
+    Example:
+        >>> resolve_inference(AmpSettings(inference_dtype="float32"), "cpu").enabled
+        False
+    """
+    kind = torch.device(device).type
+    choice = settings.inference_dtype
+    if settings.enabled is False or choice == "float32" or kind not in ("cpu", "cuda"):
+        return Precision(torch.float32, kind, False, f"inference_dtype={choice}, AMP setting")
+    if choice == "auto":
+        # The same hardware rule as training, but never forced onto slow hardware.
+        p = resolve(AmpSettings(enabled="auto"), device, **probes)
+        return Precision(p.dtype, kind, False, f"inference auto: {p.reason}")
+    dtype = torch.float16 if choice == "float16" else torch.bfloat16
+    return Precision(dtype, kind, False, f"inference_dtype {choice} requested explicitly")
+
+
 def _float32_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     # A module-level function (not a lambda) so modules stay picklable.
     return tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)

@@ -23,7 +23,8 @@ EnabledT = Union[Literal["auto"], bool]
 DTypeT = Literal["auto", "float16", "bfloat16"]
 
 DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
-_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+INFERENCE_DTYPES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16")
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 def _is_number(value: Any) -> bool:
@@ -48,6 +49,9 @@ class AmpSettings:
         growth_factor: Multiplies the scale after ``growth_interval`` clean steps; > 1.
         backoff_factor: Multiplies the scale after an inf/nan gradient; in (0, 1).
         growth_interval: Clean steps between two scale increases; >= 1.
+        inference_dtype: What the EnvRunners' forward passes (action computation) run in:
+            "auto" (the hardware's fast 16-bit type, as for training), "float32", "float16"
+            or "bfloat16". Inference needs no loss scaling. Ignored when enabled=False.
 
     Example:
         >>> AmpSettings(dtype="bfloat16").enabled
@@ -60,6 +64,7 @@ class AmpSettings:
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
+    inference_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         # Validate even when constructed directly, so no invalid AmpSettings can exist.
@@ -98,8 +103,9 @@ class AmpSettings:
             kwargs[key] = value
         if "enabled" in kwargs and kwargs["enabled"] is None:
             kwargs["enabled"] = "auto"
-        if isinstance(kwargs.get("dtype"), str):
-            kwargs["dtype"] = _DTYPE_ALIASES.get(kwargs["dtype"], kwargs["dtype"])
+        for key in ("dtype", "inference_dtype"):
+            if isinstance(kwargs.get(key), str):
+                kwargs[key] = _DTYPE_ALIASES.get(kwargs[key], kwargs[key])
         for key in ("init_scale", "growth_factor", "backoff_factor"):
             if key in kwargs and _is_number(kwargs[key]):
                 kwargs[key] = float(kwargs[key])
@@ -130,6 +136,10 @@ def _validate(s: AmpSettings) -> None:
         raise ValueError(f"enabled: got {s.enabled!r}; allowed: 'auto' (or null), true, false")
     if s.dtype not in DTYPES:
         raise ValueError(f"dtype: got {s.dtype!r}; allowed: {', '.join(DTYPES)}")
+    if s.inference_dtype not in INFERENCE_DTYPES:
+        raise ValueError(
+            f"inference_dtype: got {s.inference_dtype!r}; allowed: {', '.join(INFERENCE_DTYPES)}"
+        )
     for key in ("init_scale", "growth_factor", "backoff_factor"):
         v = getattr(s, key)
         if not _is_number(v) or not math.isfinite(v):

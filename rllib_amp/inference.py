@@ -1,0 +1,75 @@
+"""EnvRunners whose forward passes (action computation) run under autocast.
+
+``with_amp`` sets these as the config's ``env_runner_cls`` (unless you set your own). The
+precision is ``AmpSettings.inference_dtype`` (default "auto": the hardware's fast 16-bit type).
+Outputs are cast back to float32 before RLlib's connectors sample actions and compute
+log-probabilities.
+
+Example:
+    >>> from ray.rllib.algorithms.ppo import PPOConfig
+    >>> from rllib_amp import with_amp
+    >>> with_amp(PPOConfig()).env_runner_cls.__name__
+    'AmpSingleAgentEnvRunner'
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+from rllib_amp.precision import Precision, resolve_inference, to_float32
+
+logger = logging.getLogger(__name__)
+
+_FORWARDS = ("_forward_exploration", "_forward_inference")
+
+
+def autocast_forwards(module: Any, precision: Precision) -> None:
+    """Wraps a module's exploration/inference forward passes in autocast (instance-level)."""
+    if not precision.enabled:
+        return
+    for name in _FORWARDS:
+        original = getattr(module, name, None)
+        if original is None or getattr(original, "_rllib_amp", False):
+            continue
+
+        def forward(batch: Any, _original: Any = original, **kwargs: Any) -> Any:
+            with precision.autocast():
+                return to_float32(_original(batch, **kwargs))
+
+        forward._rllib_amp = True  # type: ignore[attr-defined]
+        setattr(module, name, forward)
+
+
+class AmpEnvRunnerMixin:
+    """Puts every RLModule of an EnvRunner under the configured inference precision."""
+
+    amp_inference_precision: Precision | None = None
+
+    def make_module(self) -> None:
+        super().make_module()  # type: ignore[misc]
+        if self.module is None:  # type: ignore[attr-defined]
+            return
+        from rllib_amp.learner import settings_from_config
+
+        settings = settings_from_config(self.config)  # type: ignore[attr-defined]
+        device = getattr(self, "_device", None) or "cpu"
+        precision = resolve_inference(settings, device)
+        self.amp_inference_precision = precision
+        modules = (
+            self.module.values() if hasattr(self.module, "values") else [self.module]  # type: ignore[attr-defined]
+        )
+        for module in modules:
+            autocast_forwards(module, precision)
+        logger.debug("rllib_amp: env runner inference in %s", precision.describe())
+
+
+class AmpSingleAgentEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
+    """RLlib's SingleAgentEnvRunner with autocast inference."""
+
+
+class AmpMultiAgentEnvRunner(AmpEnvRunnerMixin, MultiAgentEnvRunner):
+    """RLlib's MultiAgentEnvRunner with autocast inference."""
