@@ -92,6 +92,8 @@ def with_amp(
     # Autocast inference on the EnvRunners, unless the user brought their own EnvRunner.
     if config.env_runner_cls in (None, *_AMP_ENV_RUNNERS):
         config.env_runners(
-            env_runner_cls=AmpMultiAgentEnvRunner if config.is_multi_agent else AmpSingleAgentEnvRunner
+            env_runner_cls=AmpMultiAgentEnvRunner
+            if config.is_multi_agent
+            else AmpSingleAgentEnvRunner
         )
     return config

@@ -149,7 +149,9 @@ def resolve(
     return Precision(torch.float32, kind, False, "CPU has no native bfloat16")
 
 
-def resolve_inference(settings: AmpSettings, device: torch.device | str, **probes: Any) -> Precision:
+def resolve_inference(
+    settings: AmpSettings, device: torch.device | str, **probes: Any
+) -> Precision:
     """The precision of EnvRunner forward passes (action computation; no loss scaling).
 
     Example:
