@@ -197,9 +197,9 @@ def count_parameters(
     num_actions: int = 6,
 ) -> int:
     """Trainable parameters of the RLModule a preset builds (target networks excluded)."""
-    from rllib_amp.experiment import algorithm_config_class
-
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from rllib_amp.experiment import algorithm_config_class
 
     cfg = algorithm_config_class(algorithm)()
     obs = ATARI_OBS_SPACE if image else gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

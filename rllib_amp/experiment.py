@@ -58,6 +58,7 @@ TOP_KEYS = (
 # Sections whose keys may be searched or overridden with a sampler.
 SEARCHABLE = ("amp", "training", "resources", "env_config", "model", "seed")
 SAMPLERS = ("grid", "choice", "loguniform", "uniform", "randint")
+EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
 SCHEDULERS = ("fifo", "asha")
 
 # resources key -> (builder method, allowed python types, minimum)
@@ -397,7 +398,7 @@ def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
             raise _err(
                 path,
                 required,
-                f"missing; add e.g. '{required}: {'PPO' if required == 'algorithm' else 'CartPole-v1'}'",
+                f"missing; add e.g. '{required}: {EXAMPLES[required]}'",
             )
 
     algo = d["algorithm"]
@@ -530,20 +531,23 @@ def _validate_search(path: str, raw: Any, exp: dict[str, Any]) -> dict[str, dict
             raise _err(
                 path,
                 where,
-                f"'{top}' cannot be searched{suggest(top, SEARCHABLE)}; searchable sections: {', '.join(SEARCHABLE)}",
+                f"'{top}' cannot be searched{suggest(top, SEARCHABLE)}; "
+                f"searchable sections: {', '.join(SEARCHABLE)}",
             )
         if not isinstance(spec, Mapping) or len(spec) != 1:
             raise _err(
                 path,
                 where,
-                f"expected one sampler ({', '.join(SAMPLERS)}), e.g. '{{grid: [1024, 65536]}}', got {spec!r}",
+                f"expected one sampler ({', '.join(SAMPLERS)}), "
+                f"e.g. '{{grid: [1024, 65536]}}', got {spec!r}",
             )
         ((kind, arg),) = spec.items()
         if kind not in SAMPLERS:
             raise _err(
                 path,
                 where,
-                f"unknown sampler {kind!r}{suggest(str(kind), SAMPLERS)}; allowed: {', '.join(SAMPLERS)}",
+                f"unknown sampler {kind!r}{suggest(str(kind), SAMPLERS)}; "
+                f"allowed: {', '.join(SAMPLERS)}",
             )
         if kind in ("grid", "choice"):
             if not isinstance(arg, list) or not arg:

@@ -85,6 +85,38 @@ def _float32_value_outputs(modules: list[Any]) -> Iterator[None]:
             del module.compute_values
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be read; nothing of it was restored."""
+
+
+def verify_checkpoint_files(path: Any) -> None:
+    """Reads every state file under a local checkpoint folder; raises CheckpointError naming
+    the first one that is truncated or corrupted. Remote URIs are left to RLlib."""
+    import os
+    import pickle
+
+    text = path if isinstance(path, str) else os.fspath(path)
+    if "://" in text or not os.path.isdir(text):
+        return
+    for root, _dirs, files in os.walk(text):
+        for name in sorted(files):
+            file = os.path.join(root, name)
+            try:
+                if name.endswith(".pkl"):
+                    with open(file, "rb") as f:
+                        pickle.load(f)  # noqa: S301 - the user's own checkpoint (see README)
+                elif name.endswith(".msgpack"):
+                    import msgpack
+
+                    with open(file, "rb") as f:
+                        msgpack.load(f, strict_map_key=False)
+            except Exception as e:  # any parse failure means a damaged file
+                raise CheckpointError(
+                    f"{file}: checkpoint file is truncated or corrupted ({type(e).__name__}: "
+                    f"{e}); nothing was restored. Restore from another checkpoint."
+                ) from None
+
+
 def _fuse_adam(optimizer: torch.optim.Optimizer) -> bool:
     """Switches RLlib's default ``torch.optim.Adam`` to PyTorch's fused kernel.
 
@@ -106,6 +138,16 @@ def _fuse_adam(optimizer: torch.optim.Optimizer) -> bool:
         g["fused"] = True
     optimizer.defaults["fused"] = True
     return True
+
+
+def _unfuse_adams(learner: Any) -> None:
+    """Puts Adams that an AMP run's checkpoint made fused back to RLlib's default."""
+    for _, opt in learner.get_optimizers_for_module():
+        if type(opt) is torch.optim.Adam:
+            for g in opt.param_groups:
+                if g.get("fused"):
+                    g["fused"] = None
+            opt.defaults["fused"] = None
 
 
 class AmpLearnerMixin:
@@ -131,8 +173,9 @@ class AmpLearnerMixin:
         self._amp_precision = resolve(self._amp_settings, self._device)  # type: ignore[attr-defined]
         self._amp_scalers: dict[str, PolicyScaler] = {}
         self._amp_step_modules: list[str] = []
+        self._amp_losses: dict[str, torch.Tensor] = {}
         if self.amp_enabled:
-            for module_id in self.module.keys():  # type: ignore[attr-defined]
+            for module_id in self.module.keys():  # type: ignore[attr-defined]  # noqa: SIM118
                 self._amp_setup_module(module_id)
         else:
             logger.info("rllib_amp: all modules train in %s", self._amp_precision.describe())
@@ -217,6 +260,7 @@ class AmpLearnerMixin:
             optim.zero_grad(set_to_none=True)
 
         self._amp_step_modules = []
+        self._amp_losses = {}
         scaled = []
         for module_id, loss in loss_per_module.items():
             scaler = self._amp_scalers.get(module_id)
@@ -226,6 +270,7 @@ class AmpLearnerMixin:
                     f"keyed by ModuleID (modules: {sorted(self._amp_scalers)})"
                 )
             self._amp_step_modules.append(module_id)
+            self._amp_losses[module_id] = loss.detach()
             scaled.append(scaler.scale(loss))
         if not scaled:
             return {}
@@ -256,8 +301,28 @@ class AmpLearnerMixin:
             for optimizer_name in optimizer_names:
                 self._amp_maybe_build_lr_schedulers(module_id, optimizer_name)
             if module_id in self._amp_step_modules:
-                self._amp_scalers[module_id].step(self._amp_optimizers(module_id))
+                scaler = self._amp_scalers[module_id]
+                if scaler.step(self._amp_optimizers(module_id)):
+                    self._amp_check_loss(module_id, scaler)
         self._amp_step_modules = []
+        self._amp_losses = {}
+
+    def _amp_check_loss(self, module_id: str, scaler: PolicyScaler) -> None:
+        # Only on the (rare) skip path: one host sync to tell bad data from an overflow.
+        loss = self._amp_losses.get(module_id)
+        if loss is not None and not bool(torch.isfinite(loss).all()):
+            scaler.nonfinite_loss_steps_lifetime += 1
+            n = scaler.nonfinite_loss_steps_lifetime
+            if n & (n - 1) == 0:  # 1st, 2nd, 4th, 8th, ... time: reported, never spammed
+                logger.warning(
+                    "rllib_amp: module %r: the loss itself is %s (before any loss scaling), so "
+                    "this is not a float16 overflow: the batch likely holds nan/inf "
+                    "observations or rewards. The step was skipped and the weights are "
+                    "untouched (%d such step(s) so far).",
+                    module_id,
+                    "nan" if bool(torch.isnan(loss).any()) else "inf",
+                    n,
+                )
 
     def _amp_optimizers(self, module_id: str) -> list[torch.optim.Optimizer]:
         return [opt for _, opt in self.get_optimizers_for_module(module_id)]  # type: ignore[attr-defined]
@@ -304,6 +369,14 @@ class AmpLearnerMixin:
             ):
                 # Monotonic counters: the max is the latest value, on any number of learners.
                 self.metrics.log_value((module_id, key), value, reduce="max", window=1)
+            self.metrics.log_value(  # type: ignore[attr-defined]
+                (module_id, M.NONFINITE_LOSS_STEPS_LIFETIME),
+                scaler.nonfinite_loss_steps_lifetime,
+                reduce="max",
+                window=1,
+            )
+            if scaler.check_persistent_skips(steps, skipped):
+                self._amp_warn_persistent_skips(module_id, scaler, skipped / steps)
             published = {
                 M.GRAD_SCALE: scaler.get_scale(),
                 M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
@@ -315,6 +388,33 @@ class AmpLearnerMixin:
                 )
                 published[M.SKIP_FRACTION] = skipped / steps
             M.publish(published, trial=self._amp_trial, module=module_id)
+
+    def _amp_warn_persistent_skips(
+        self, module_id: str, scaler: PolicyScaler, fraction: float
+    ) -> None:
+        s = scaler.settings
+        if scaler.nonfinite_loss_steps_lifetime:
+            advice = (
+                "the loss itself has been nan/inf: check observations and rewards for nan, "
+                "and lower the learning rate"
+            )
+        elif scaler.scaling:
+            advice = (
+                f"lower init_scale (now {s.init_scale:g}) or growth_factor (now "
+                f"{s.growth_factor:g}), or raise growth_interval (now {s.growth_interval}); if "
+                f"the scale keeps falling, lower the learning rate or use dtype bfloat16"
+            )
+        else:
+            advice = "bfloat16 needs no scaling: lower the learning rate or set grad_clip"
+        logger.warning(
+            "rllib_amp: module %r skipped %.0f%% of its optimizer steps (inf/nan gradients) in "
+            "%d consecutive updates; grad scale now %g. Advice: %s.",
+            module_id,
+            100 * fraction,
+            scaler.troubled_updates,
+            scaler.get_scale(),
+            advice,
+        )
 
     # -- checkpoints -----------------------------------------------------------------------
     @override(TorchLearner)
@@ -333,8 +433,22 @@ class AmpLearnerMixin:
         return state
 
     @override(TorchLearner)
+    def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
+        # RLlib loads the module weights before the learner's own state file: a damaged
+        # state file would leave half a state behind. Read every file first.
+        verify_checkpoint_files(path)
+        super().restore_from_path(path, *args, **kwargs)  # type: ignore[misc]
+
+    @override(TorchLearner)
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)  # type: ignore[misc]
+        if COMPONENT_OPTIMIZER in state:
+            # Loaded optimizer state carries the saving run's implementation flags.
+            for module_id in self.amp_scalers:
+                for opt in self._amp_optimizers(module_id):
+                    _fuse_adam(opt)
+            if not self.amp_enabled:
+                _unfuse_adams(self)
         saved = state.get(AMP_STATE_KEY)
         if saved is None:
             # Only a full learner state (a checkpoint: it carries optimizer state) is worth a

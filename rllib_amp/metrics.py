@@ -22,11 +22,15 @@ OPTIMIZER_STEPS_LIFETIME = "amp_optimizer_steps_lifetime"
 # take the same number of optimizer steps).
 SKIP_FRACTION = "amp_skip_fraction"
 
+# Optimizer steps whose loss itself was inf/nan (bad data, not an fp16 overflow).
+NONFINITE_LOSS_STEPS_LIFETIME = "amp_nonfinite_loss_steps_lifetime"
+
 ALL_KEYS: tuple[str, ...] = (
     GRAD_SCALE,
     SKIPPED_STEPS_LIFETIME,
     OPTIMIZER_STEPS_LIFETIME,
     SKIP_FRACTION,
+    NONFINITE_LOSS_STEPS_LIFETIME,
 )
 
 

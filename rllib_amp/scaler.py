@@ -72,6 +72,11 @@ class PolicyScaler:
         )
         self.optimizer_steps_lifetime = 0
         self.skipped_steps_lifetime = 0
+        # Skipped steps whose loss was already inf/nan before scaling: bad data, not overflow.
+        self.nonfinite_loss_steps_lifetime = 0
+        # Consecutive updates above settings.skip_warning_fraction, and whether we warned.
+        self.troubled_updates = 0
+        self.warned = False
         # Since the last ``pop_window()``: what the learner reports per update.
         self._window_steps = 0
         self._window_skipped = 0
@@ -133,6 +138,18 @@ class PolicyScaler:
             return 0
         return int(self._scaler.state_dict().get("_growth_tracker", 0))
 
+    def check_persistent_skips(self, steps: int, skipped: int) -> bool:
+        """Counts updates that skipped too much; True once, when a warning is due."""
+        if steps and skipped / steps > self.settings.skip_warning_fraction:
+            self.troubled_updates += 1
+        else:
+            self.troubled_updates = 0
+            self.warned = False  # recovered: warn again if trouble comes back
+        if self.troubled_updates >= self.settings.skip_warning_updates and not self.warned:
+            self.warned = True
+            return True
+        return False
+
     def pop_window(self) -> tuple[int, int]:
         """(optimizer steps, skipped steps) since the last call; resets the window."""
         out = (self._window_steps, self._window_skipped)
@@ -147,6 +164,7 @@ class PolicyScaler:
             "torch": self._scaler.state_dict() if self.scaling else {},
             "optimizer_steps_lifetime": self.optimizer_steps_lifetime,
             "skipped_steps_lifetime": self.skipped_steps_lifetime,
+            "nonfinite_loss_steps_lifetime": self.nonfinite_loss_steps_lifetime,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -163,6 +181,7 @@ class PolicyScaler:
             )
         self.optimizer_steps_lifetime = int(state["optimizer_steps_lifetime"])
         self.skipped_steps_lifetime = int(state["skipped_steps_lifetime"])
+        self.nonfinite_loss_steps_lifetime = int(state.get("nonfinite_loss_steps_lifetime", 0))
         saved = state.get("torch") or {}
         if self.scaling and saved:
             merged = self._scaler.state_dict()

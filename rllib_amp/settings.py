@@ -17,9 +17,9 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-EnabledT = Union[Literal["auto"], bool]
+EnabledT = Literal["auto"] | bool
 DTypeT = Literal["auto", "float16", "bfloat16"]
 
 DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
@@ -49,6 +49,10 @@ class AmpSettings:
         growth_factor: Multiplies the scale after ``growth_interval`` clean steps; > 1.
         backoff_factor: Multiplies the scale after an inf/nan gradient; in (0, 1).
         growth_interval: Clean steps between two scale increases; >= 1.
+        skip_warning_fraction: Warn when a module skips more than this fraction of its
+            optimizer steps (inf/nan gradients) ...
+        skip_warning_updates: ... in this many consecutive learner updates. One WARNING per
+            episode of trouble, with the module, the scale and what to change.
         inference_dtype: What the EnvRunners' forward passes (action computation) run in:
             "auto" (the hardware's fast 16-bit type, as for training), "float32", "float16"
             or "bfloat16". Inference needs no loss scaling. Ignored when enabled=False.
@@ -64,6 +68,8 @@ class AmpSettings:
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
+    skip_warning_fraction: float = 0.5
+    skip_warning_updates: int = 3
     inference_dtype: str = "auto"
 
     def __post_init__(self) -> None:
@@ -106,7 +112,7 @@ class AmpSettings:
         for key in ("dtype", "inference_dtype"):
             if isinstance(kwargs.get(key), str):
                 kwargs[key] = _DTYPE_ALIASES.get(kwargs[key], kwargs[key])
-        for key in ("init_scale", "growth_factor", "backoff_factor"):
+        for key in ("init_scale", "growth_factor", "backoff_factor", "skip_warning_fraction"):
             if key in kwargs and _is_number(kwargs[key]):
                 kwargs[key] = float(kwargs[key])
         if (
@@ -154,6 +160,12 @@ def _validate(s: AmpSettings) -> None:
         raise ValueError(
             f"backoff_factor: got {s.backoff_factor!r}; must be in (0, 1) (the default is 0.5)"
         )
+    swf = s.skip_warning_fraction
+    if not _is_number(swf) or not 0 <= swf <= 1:
+        raise ValueError(f"skip_warning_fraction: got {swf!r}; must be a number in [0, 1]")
+    swu = s.skip_warning_updates
+    if not isinstance(swu, int) or isinstance(swu, bool) or swu < 1:
+        raise ValueError(f"skip_warning_updates: got {swu!r}; must be an integer >= 1")
     gi = s.growth_interval
     if not isinstance(gi, int) or isinstance(gi, bool) or gi < 1:
         raise ValueError(

@@ -25,7 +25,7 @@ amp: {{dtype: float16}}
 training: {{train_batch_size_per_learner: 200, minibatch_size: 100, num_epochs: 1}}
 resources: {{num_env_runners: 0}}
 search:
-  amp.init_scale: {{grid: [1024.0, 65536.0]}}
+  amp.init_scale: {{grid: {scales}}}
   amp.growth_interval: {{choice: [5, 2000]}}
   training.train_batch_size_per_learner: {{choice: [100, 200]}}
 tune: {{max_concurrent_trials: 1}}
@@ -35,9 +35,9 @@ seed: 0
 """
 
 
-def tiny_file(tmp_path, iterations=2):
+def tiny_file(tmp_path, iterations=2, scales=(1024.0, 65536.0)):
     p = tmp_path / "tiny.yaml"
-    p.write_text(textwrap.dedent(TINY.format(iterations=iterations)))
+    p.write_text(textwrap.dedent(TINY.format(iterations=iterations, scales=list(scales))))
     return str(p)
 
 

@@ -37,3 +37,29 @@ def test_sweep_runs_on_the_worker_of_a_two_node_cluster(tmp_path):
     assert verdict["head"] != verdict["worker"]
     table = pq.read_table(str(tmp_path / "cluster" / "results.parquet")).to_pylist()
     assert len(table) == 2 and all(r["status"] == "DONE" for r in table)
+
+
+def test_sweep_survives_losing_a_worker_node(tmp_path):
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "sweep_on_cluster.py"),
+            tiny_file(tmp_path, iterations=6),
+            str(tmp_path),
+            "--remove-worker",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=env,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("VERDICT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    verdict = json.loads(lines[-1][len("VERDICT ") :])
+    assert verdict["removed"] == [verdict["worker"]], "the worker was not removed mid-sweep"
+    assert verdict["rc"] == 0  # every trial finished
+    assert verdict["spare"] in verdict["trial_nodes"]  # retried / run on the remaining worker
+    table = pq.read_table(str(tmp_path / "cluster" / "results.parquet")).to_pylist()
+    assert len(table) == 2 and all(r["status"] == "DONE" for r in table)

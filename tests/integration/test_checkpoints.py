@@ -107,3 +107,30 @@ def test_amp_checkpoint_restores_into_float32_run_with_one_warning(tmp_path, cap
         b.train()  # and it trains on in float32
     finally:
         b.stop()
+
+
+def test_appo_checkpoint_round_trip(tmp_path):
+    """APPO learns asynchronously: compare against the state written into the checkpoint."""
+    import pickle
+
+    cfg = amp_config("APPO", dtype="float16", init_scale=2.0**20, growth_interval=3)
+    a = cfg.build_algo()
+    try:
+        train_until_learned(a, iterations=2)
+        a.save_to_path(str(tmp_path))
+    finally:
+        a.stop()
+    files = list(tmp_path.glob("**/learner/state.pkl"))
+    assert files
+    with open(files[0], "rb") as f:
+        saved = pickle.load(f)["amp_scalers"]["default_policy"]
+    assert saved["optimizer_steps_lifetime"] > 0
+    b = Algorithm.from_checkpoint(str(tmp_path))
+    try:
+        s = learner(b).amp_scalers["default_policy"]
+        assert s.get_scale() == saved["torch"]["scale"]
+        assert s.growth_tracker == saved["torch"]["_growth_tracker"]
+        assert s.optimizer_steps_lifetime == saved["optimizer_steps_lifetime"]
+        assert s.skipped_steps_lifetime == saved["skipped_steps_lifetime"]
+    finally:
+        b.stop()

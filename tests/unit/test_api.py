@@ -1,0 +1,77 @@
+"""with_amp and amp_learner_class: what they accept, what they refuse, what they set."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from ray.rllib.algorithms.appo import APPOConfig
+from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.algorithms.sac import SACConfig
+
+from rllib_amp import (
+    AmpAPPOTorchLearner,
+    AmpDQNTorchLearner,
+    AmpPPOTorchLearner,
+    AmpSettings,
+    amp_learner_class,
+    with_amp,
+)
+from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
+from rllib_amp.learner import settings_from_config
+
+
+@pytest.mark.parametrize(
+    "config_cls, learner_cls",
+    [
+        (PPOConfig, AmpPPOTorchLearner),
+        (DQNConfig, AmpDQNTorchLearner),
+        (APPOConfig, AmpAPPOTorchLearner),
+    ],
+)
+def test_supported_algorithms_get_their_amp_learner(config_cls, learner_cls):
+    cfg = with_amp(config_cls(), AmpSettings(dtype="bfloat16"), init_scale=8.0)
+    assert cfg.learner_class is learner_cls
+    s = settings_from_config(cfg)
+    assert (s.dtype, s.init_scale) == ("bfloat16", 8.0)
+    assert cfg.env_runner_cls is AmpSingleAgentEnvRunner
+
+
+def test_multi_agent_config_gets_the_multi_agent_env_runner():
+    cfg = PPOConfig().multi_agent(policies={"a", "b"}, policy_mapping_fn=lambda aid, *a, **k: "a")
+    assert with_amp(cfg).env_runner_cls is AmpMultiAgentEnvRunner
+
+
+def test_other_algorithms_are_refused_with_the_supported_list():
+    with pytest.raises(ValueError, match=r"SACConfig is not supported; supported algorithms: APPO"):
+        with_amp(SACConfig())
+
+
+def test_bad_arguments_are_refused_clearly():
+    with pytest.raises(TypeError, match="expected an RLlib AlgorithmConfig"):
+        with_amp({"algo": "PPO"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="amp.init_scale"):
+        with_amp(PPOConfig(), init_scale=-1)
+    with pytest.raises(TypeError, match="settings must be an AmpSettings"):
+        with_amp(PPOConfig(), {"dtype": "float16"})  # type: ignore[arg-type]
+    stock_scaler = PPOConfig().experimental(
+        _torch_grad_scaler_class=functools.partial(torch.amp.GradScaler, "cpu")
+    )
+    with pytest.raises(ValueError, match="_torch_grad_scaler_class"):
+        with_amp(stock_scaler)
+
+
+def test_amp_learner_class_wraps_user_learners_once():
+    class MyLearner(PPOTorchLearner):
+        pass
+
+    cls = amp_learner_class(MyLearner)
+    assert cls.__name__ == "AmpMyLearner" and issubclass(cls, MyLearner)
+    assert amp_learner_class(MyLearner) is cls
+    assert amp_learner_class(cls) is cls
+    assert amp_learner_class(PPOTorchLearner) is AmpPPOTorchLearner
+    with pytest.raises(TypeError, match="TorchLearner"):
+        amp_learner_class(int)
