@@ -1,7 +1,9 @@
 """EnvRunners whose forward passes (action computation) run under autocast.
 
 ``with_amp`` sets these as the config's ``env_runner_cls`` (unless you set your own). The
-precision is ``AmpSettings.inference_dtype`` (default "auto": the hardware's fast 16-bit type).
+precision is ``AmpSettings.inference_dtype``; "auto" is the hardware's fast 16-bit type on a
+GPU, and on a CPU only from 16 envs per EnvRunner (smaller forward passes are faster in
+float32 there).
 Outputs are cast back to float32 before RLlib's connectors sample actions and compute
 log-probabilities.
 
@@ -57,7 +59,8 @@ class AmpEnvRunnerMixin:
 
         settings = settings_from_config(self.config)  # type: ignore[attr-defined]
         device = getattr(self, "_device", None) or "cpu"
-        precision = resolve_inference(settings, device)
+        batch = int(getattr(self.config, "num_envs_per_env_runner", 1) or 1)  # type: ignore[attr-defined]
+        precision = resolve_inference(settings, device, batch=batch)
         self.amp_inference_precision = precision
         modules = (
             self.module.values() if hasattr(self.module, "values") else [self.module]  # type: ignore[attr-defined]

@@ -19,9 +19,20 @@ from rllib_amp.learner import CheckpointError
 from tests.integration.common import amp_config, learner, same, train_until_learned, weights
 
 
+class _OverflowInBackward(torch.autograd.Function):
+    """Identity forward; the backward pass overflows to inf, as a float16 backward does."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * torch.tensor(float("inf"), dtype=grad.dtype)
+
+
 class StormLearner(PPOTorchLearner):
-    """Multiplies the loss by a finite 1e38 while ``storm`` is on: the loss stays finite,
-    but loss x scale overflows float32, exactly like a float16 overflow storm."""
+    """While ``storm`` is on, every gradient overflows; the loss itself stays finite."""
 
     storm = False
 
@@ -29,7 +40,7 @@ class StormLearner(PPOTorchLearner):
         loss = super().compute_loss_for_module(
             module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
         )
-        return loss * 1e38 if self.storm else loss
+        return _OverflowInBackward.apply(loss) if self.storm else loss
 
 
 @pytest.fixture(scope="module")

@@ -96,3 +96,19 @@ def test_describe_names_dtype_and_reason(caplog):
     assert "float16" in text and "GradScaler on" in text and "7.5" in text
     assert "float32 (autocast off)" in resolve(AmpSettings(enabled=False), "cpu").describe()
     logging.getLogger("x").info(text)
+
+
+def test_inference_precision_auto_depends_on_device_and_batch():
+    from rllib_amp.precision import CPU_BF16_MIN_INFERENCE_BATCH, resolve_inference
+
+    s = AmpSettings()
+    assert not resolve_inference(s, "cpu", batch=4, cpu_bf16=True).enabled
+    big = resolve_inference(s, "cpu", batch=CPU_BF16_MIN_INFERENCE_BATCH, cpu_bf16=True)
+    assert big.dtype == torch.bfloat16 and not big.use_scaler
+    assert resolve_inference(s, "cuda", batch=1, cuda_capability=(9, 0)).dtype == torch.bfloat16
+    assert resolve_inference(s, "cuda", batch=1, cuda_capability=(7, 5)).dtype == torch.float16
+    assert not resolve_inference(AmpSettings(enabled=False), "cuda", cuda_capability=(9, 0)).enabled
+    forced = resolve_inference(AmpSettings(inference_dtype="bfloat16"), "cpu", batch=1)
+    assert forced.dtype == torch.bfloat16
+    fp32 = AmpSettings.from_dict({"inference_dtype": "fp32"})  # alias, as in YAML
+    assert not resolve_inference(fp32, "cpu", batch=64, cpu_bf16=True).enabled

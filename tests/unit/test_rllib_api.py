@@ -35,6 +35,11 @@ EXPECTED = {
         ("not_components", P.KEYWORD_ONLY),
     ],
     "set_state": [("state", P.POSITIONAL_OR_KEYWORD)],
+    "restore_from_path": [
+        ("path", P.POSITIONAL_OR_KEYWORD),
+        ("component", P.KEYWORD_ONLY),
+        ("filesystem", P.KEYWORD_ONLY),
+    ],
     "add_module": [
         ("module_id", P.KEYWORD_ONLY),
         ("module_spec", P.KEYWORD_ONLY),
