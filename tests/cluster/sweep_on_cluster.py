@@ -23,9 +23,15 @@ from rllib_amp import tune as cli  # noqa: E402
 def main() -> int:
     config, storage = sys.argv[1], sys.argv[2]
     remove = "--remove-worker" in sys.argv[3:]
+    import socket
+
+    with socket.socket() as sock:  # any free port: 8265 may be taken by another Ray
+        sock.bind(("127.0.0.1", 0))
+        dashboard_port = sock.getsockname()[1]
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": True},  # the head runs no trial
+        # The head runs no trial; its dashboard serves the state API used below.
+        head_node_args={"num_cpus": 0, "include_dashboard": True, "dashboard_port": dashboard_port},
     )
     try:
         worker = cluster.add_node(num_cpus=2)

@@ -45,7 +45,7 @@ def learner(algo_obj) -> AmpLearnerMixin:
     return algo_obj.learner_group._learner
 
 
-def train_until_learned(algo_obj, iterations: int = 1, max_tries: int = 60) -> dict:
+def train_until_learned(algo_obj, iterations: int = 1, max_tries: int = 200) -> dict:
     """Trains until ``iterations`` results carry learner metrics (APPO is asynchronous)."""
     got, result = 0, {}
     for _ in range(max_tries):
