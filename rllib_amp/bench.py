@@ -112,7 +112,9 @@ def algo_config(algo: str, model: str, variant: str, device: str, *, seed: int =
         cfg.training(train_batch_size_per_learner=DQN_BATCH, lr=1e-4)
     cfg.debugging(seed=seed)
     if variant == "rllib-scaler":
-        cfg.experimental(_torch_grad_scaler_class=functools.partial(torch.amp.GradScaler, device))
+        # RLlib calls the class with no arguments: a partial is how a device gets in.
+        scaler_cls: Any = functools.partial(torch.amp.GradScaler, device)
+        cfg.experimental(_torch_grad_scaler_class=scaler_cls)
     elif variant == "amp-auto":
         with_amp(cfg)
     elif variant == "amp-fp16":
@@ -128,6 +130,7 @@ def collect_data(algo: str, device: str, path: str) -> None:
 
     cfg = algo_config(algo, "mini", "fp32", device)
     runner = SingleAgentEnvRunner(config=cfg)
+    assert runner.env is not None
     spaces = {
         "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
     }
@@ -138,7 +141,9 @@ def collect_data(algo: str, device: str, path: str) -> None:
 
         buffer = EpisodeReplayBuffer(capacity=10 * DQN_BATCH)
         buffer.add(runner.sample(num_timesteps=2 * DQN_BATCH, random_actions=True))
-        episodes = buffer.sample(num_items=DQN_BATCH, n_step=1, gamma=0.99, sample_episodes=True)
+        episodes = buffer.sample(  # type: ignore[assignment]
+            num_items=DQN_BATCH, n_step=1, gamma=0.99, sample_episodes=True
+        )
     runner.stop()
     with open(path, "wb") as f:
         pickle.dump({"episodes": episodes, "spaces": spaces}, f)
@@ -310,6 +315,7 @@ def bench_parity(
         for v in variants:
             returns = []
             for seed in seeds:
+                cfg: Any
                 if algo == "PPO":
                     cfg = PPOConfig().training(
                         lr=3e-4, train_batch_size_per_learner=1000, minibatch_size=250

@@ -110,7 +110,7 @@ class AtariEnv(gym.Wrapper):
         kwargs = {"frameskip": 1, "repeat_action_probability": 0.0, **config}
         env = gym.make(env_id, **kwargs)
         env = wrap_atari_for_new_api_stack(env, dim=84, frameskip=4, framestack=4)
-        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(float(r))))
         super().__init__(env)
 
 
@@ -203,11 +203,11 @@ def count_parameters(
 
     cfg = algorithm_config_class(algorithm)()
     obs = ATARI_OBS_SPACE if image else gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    act = gym.spaces.Discrete(num_actions)
+    act: gym.Space = gym.spaces.Discrete(num_actions)
     cfg.rl_module(model_config=model_config(preset, image=image))
     if batchnorm:
         cfg.rl_module(rl_module_spec=RLModuleSpec(module_class=batchnorm_module_class(algorithm)))
-    module = cfg.get_rl_module_spec(spaces={"default_policy": (obs, act)}).build()
+    module: Any = cfg.get_rl_module_spec(spaces={"default_policy": (obs, act)}).build()
     return sum(p.numel() for name, p in module.named_parameters() if "target" not in name)
 
 

@@ -150,7 +150,11 @@ def _unfuse_adams(learner: Any) -> None:
             opt.defaults["fused"] = None
 
 
-class AmpLearnerMixin:
+# Type checkers see the mixin as a TorchLearner; at run time it is a plain mixin.
+_MixinBase: Any = TorchLearner if TYPE_CHECKING else object
+
+
+class AmpLearnerMixin(_MixinBase):
     """Mixed precision for any RLlib ``TorchLearner``: put it first in the bases.
 
     Use ``amp_learner_class(base)`` rather than subclassing by hand.
@@ -247,7 +251,7 @@ class AmpLearnerMixin:
             if self.config.num_learners > 1:  # type: ignore[attr-defined]
                 for mod in self.module.values():  # type: ignore[attr-defined]
                     if isinstance(mod, torch.nn.Module):
-                        stack.enter_context(mod.no_sync())
+                        stack.enter_context(mod.no_sync())  # type: ignore[operator]
             postprocessed_gradients = self.postprocess_gradients(gradients)  # type: ignore[attr-defined]
             self.apply_gradients(postprocessed_gradients)  # type: ignore[attr-defined]
         return fwd_out, loss_per_module, {}
@@ -274,7 +278,7 @@ class AmpLearnerMixin:
             scaled.append(scaler.scale(loss))
         if not scaled:
             return {}
-        total_loss = sum(scaled)
+        total_loss: torch.Tensor = torch.stack(scaled).sum() if len(scaled) > 1 else scaled[0]
         if total_loss.grad_fn is None:  # every parameter frozen
             self._amp_step_modules = []
             return {}

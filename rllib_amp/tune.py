@@ -233,13 +233,13 @@ def summarize(exp: Any, grid: Any) -> list[dict[str, Any]]:
         rows.append(row)
     reverse = exp.tune["mode"] == "max"
 
-    def key(r: dict[str, Any]) -> float:
+    def sort_key(r: dict[str, Any]) -> float:
         v = r[exp.tune["metric"]]
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return -math.inf if reverse else math.inf
         return float(v)
 
-    rows.sort(key=key, reverse=reverse)
+    rows.sort(key=sort_key, reverse=reverse)
     return rows
 
 
