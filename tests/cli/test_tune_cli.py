@@ -152,11 +152,15 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     log.close()
     assert "--resume" in (tmp_path / "first.log").read_text()
     finished = {f: len(_results(f)) for f in done}
+    kept = {c for f in done for c in glob.glob(os.path.join(os.path.dirname(f), "checkpoint_*"))}
+    assert kept, "finished trials have no checkpoint"
 
     out = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for f, n in finished.items():
         assert len(_results(f)) == n, f"finished trial {f} ran again"
+    for c in kept:  # no checkpoint of a finished trial was lost
+        assert os.path.isdir(c), c
     table = pq.read_table(str(tmp_path / "resume" / "results.parquet")).to_pylist()
     assert len(table) == 2 and all(r["status"] == "DONE" for r in table)
     # The interrupted trial continued from its checkpoint with its scaler state: the AMP
