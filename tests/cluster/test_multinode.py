@@ -1,4 +1,4 @@
-"""A sweep given a multi-node cluster's address runs its trials on the worker node."""
+"""A sweep given a multi-node cluster's address runs its trials on the worker nodes."""
 
 from __future__ import annotations
 
@@ -14,16 +14,15 @@ from tests.cli.test_tune_cli import tiny_file
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_sweep_runs_on_the_worker_of_a_two_node_cluster(tmp_path):
+def _cluster_sweep(tmp_path, *extra: str, iterations: int = 2) -> dict:
+    """Runs sweep_on_cluster.py (its own Ray cluster, in a child process); returns its verdict
+    after checking that both trials finished."""
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RAY_ADDRESS", None)
+    script = os.path.join(HERE, "sweep_on_cluster.py")
+    config = tiny_file(tmp_path, iterations=iterations)
     proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(HERE, "sweep_on_cluster.py"),
-            tiny_file(tmp_path),
-            str(tmp_path),
-        ],
+        [sys.executable, script, config, str(tmp_path), *extra],
         capture_output=True,
         text=True,
         timeout=540,
@@ -32,34 +31,19 @@ def test_sweep_runs_on_the_worker_of_a_two_node_cluster(tmp_path):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("VERDICT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     verdict = json.loads(lines[-1][len("VERDICT ") :])
-    assert verdict["rc"] == 0
-    assert verdict["trial_nodes"] == [verdict["worker"]]
-    assert verdict["head"] != verdict["worker"]
+    assert verdict["rc"] == 0  # every trial finished
     table = pq.read_table(str(tmp_path / "cluster" / "results.parquet")).to_pylist()
     assert len(table) == 2 and all(r["status"] == "DONE" for r in table)
+    return verdict
+
+
+def test_sweep_runs_on_the_worker_of_a_two_node_cluster(tmp_path):
+    verdict = _cluster_sweep(tmp_path)
+    assert verdict["trial_nodes"] == [verdict["worker"]]
+    assert verdict["head"] != verdict["worker"]
 
 
 def test_sweep_survives_losing_a_worker_node(tmp_path):
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(HERE, "sweep_on_cluster.py"),
-            tiny_file(tmp_path, iterations=6),
-            str(tmp_path),
-            "--remove-worker",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        env=env,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("VERDICT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    verdict = json.loads(lines[-1][len("VERDICT ") :])
+    verdict = _cluster_sweep(tmp_path, "--remove-worker", iterations=6)
     assert verdict["removed"] == [verdict["worker"]], "the worker was not removed mid-sweep"
-    assert verdict["rc"] == 0  # every trial finished
     assert verdict["spare"] in verdict["trial_nodes"]  # retried / run on the remaining worker
-    table = pq.read_table(str(tmp_path / "cluster" / "results.parquet")).to_pylist()
-    assert len(table) == 2 and all(r["status"] == "DONE" for r in table)
