@@ -35,10 +35,13 @@ from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core import COMPONENT_OPTIMIZER
+from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
 
 from rllib_amp import metrics as M
+from rllib_amp.minibatch import GatherMiniBatchIterator
 from rllib_amp.precision import Precision, add_float32_islands, resolve, to_float32
 from rllib_amp.scaler import PolicyScaler
 from rllib_amp.settings import AmpSettings
@@ -351,6 +354,20 @@ class AmpLearnerMixin(_MixinBase):
         modules = list(self.module.values())  # type: ignore[attr-defined]
         with torch.no_grad(), self._amp_precision.autocast(), _float32_value_outputs(modules):
             return super()._make_batch_if_necessary(training_data)  # type: ignore[misc]
+
+    @override(Learner)
+    def _create_iterator_if_necessary(self, **kwargs: Any) -> Any:
+        iterator = super()._create_iterator_if_necessary(**kwargs)  # type: ignore[misc]
+        # RLlib's iterator shuffles the whole batch in place each epoch, then copies every
+        # minibatch out of it again: on Atari PPO about 0.1 s of a 0.7 s bf16 update. Ours
+        # yields the same minibatches with one copy each (see rllib_amp.minibatch).
+        if (
+            self.amp_enabled
+            and type(iterator) is MiniBatchCyclicIterator
+            and GatherMiniBatchIterator.supports(iterator._batch)
+        ):
+            return GatherMiniBatchIterator.replacing(iterator)
+        return iterator
 
     # -- metrics ---------------------------------------------------------------------------
     @override(TorchLearner)

@@ -78,3 +78,25 @@ def test_with_amp_learner_instances_are_amp():
         assert not lrn.amp_enabled and lrn.amp_scalers == {}
     finally:
         a.stop()
+
+
+def test_amp_minibatches_are_rllibs(monkeypatch):
+    """The gathered minibatches (rllib_amp.minibatch) train exactly like RLlib's iterator."""
+    from rllib_amp import minibatch
+
+    used = []
+    original = minibatch.GatherMiniBatchIterator.__iter__
+
+    def counting_iter(self):
+        used.append(self)
+        return original(self)
+
+    monkeypatch.setattr(minibatch.GatherMiniBatchIterator, "__iter__", counting_iter)
+    ours, _ = _train_once(with_amp(tiny_config("PPO", seed=4), dtype="bfloat16"))
+    assert used, "the AMP PPO learner did not use GatherMiniBatchIterator"
+
+    monkeypatch.setattr(minibatch.GatherMiniBatchIterator, "supports", lambda batch: False)
+    used.clear()
+    rllibs, _ = _train_once(with_amp(tiny_config("PPO", seed=4), dtype="bfloat16"))
+    assert not used
+    assert same(ours, rllibs)

@@ -29,6 +29,13 @@ EXPECTED = {
     "postprocess_gradients": [("gradients_dict", P.POSITIONAL_OR_KEYWORD)],
     "apply_gradients": [("gradients_dict", P.POSITIONAL_OR_KEYWORD)],
     "_make_batch_if_necessary": [("training_data", P.POSITIONAL_OR_KEYWORD)],
+    "_create_iterator_if_necessary": [
+        ("training_data", P.KEYWORD_ONLY),
+        ("num_total_minibatches", P.KEYWORD_ONLY),
+        ("num_epochs", P.KEYWORD_ONLY),
+        ("minibatch_size", P.KEYWORD_ONLY),
+        ("shuffle_batch_per_epoch", P.KEYWORD_ONLY),
+    ],
     "after_gradient_based_update": [("timesteps", P.KEYWORD_ONLY)],
     "get_state": [
         ("components", P.POSITIONAL_OR_KEYWORD),
