@@ -41,6 +41,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
 
 from rllib_amp import metrics as M
+from rllib_amp.malloc import tune_cpu_malloc
 from rllib_amp.minibatch import GatherMiniBatchIterator
 from rllib_amp.precision import Precision, add_float32_islands, resolve, to_float32
 from rllib_amp.scaler import PolicyScaler
@@ -182,6 +183,8 @@ class AmpLearnerMixin(_MixinBase):
         self._amp_step_modules: list[str] = []
         self._amp_losses: dict[str, torch.Tensor] = {}
         if self.amp_enabled:
+            if self._amp_settings.tune_cpu_malloc and self._amp_precision.device_type == "cpu":
+                tune_cpu_malloc()
             for module_id in self.module.keys():  # type: ignore[attr-defined]  # noqa: SIM118
                 self._amp_setup_module(module_id)
         else:

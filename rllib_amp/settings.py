@@ -56,6 +56,9 @@ class AmpSettings:
         inference_dtype: What the EnvRunners' forward passes (action computation) run in:
             "auto" (the hardware's fast 16-bit type, as for training), "float32", "float16"
             or "bfloat16". Inference needs no loss scaling. Ignored when enabled=False.
+        tune_cpu_malloc: On a CPU learner with AMP on, let glibc keep freed blocks up to
+            1 GiB for reuse instead of re-faulting them every update (process-wide; see
+            ``rllib_amp.malloc``). False keeps glibc's defaults.
 
     Example:
         >>> AmpSettings(dtype="bfloat16").enabled
@@ -71,6 +74,7 @@ class AmpSettings:
     skip_warning_fraction: float = 0.5
     skip_warning_updates: int = 3
     inference_dtype: str = "auto"
+    tune_cpu_malloc: bool = True
 
     def __post_init__(self) -> None:
         # Validate even when constructed directly, so no invalid AmpSettings can exist.
@@ -166,6 +170,8 @@ def _validate(s: AmpSettings) -> None:
     swu = s.skip_warning_updates
     if not isinstance(swu, int) or isinstance(swu, bool) or swu < 1:
         raise ValueError(f"skip_warning_updates: got {swu!r}; must be an integer >= 1")
+    if not isinstance(s.tune_cpu_malloc, bool):
+        raise ValueError(f"tune_cpu_malloc: got {s.tune_cpu_malloc!r}; allowed: true, false")
     gi = s.growth_interval
     if not isinstance(gi, int) or isinstance(gi, bool) or gi < 1:
         raise ValueError(

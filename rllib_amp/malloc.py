@@ -1,0 +1,83 @@
+"""Keeps a CPU learner's large per-update buffers in the heap instead of handing them back.
+
+glibc serves every allocation above its mmap threshold (at most 32 MiB by default) with a
+fresh ``mmap`` and returns it to the OS on ``free``. A CPU update allocates dozens of such
+buffers (a minibatch of Atari observations is 29 MB in float32, its bfloat16 copy and the
+convolution workspaces follow), so every update page-faults all of them in again: in the
+profile of a bf16 PPO update on the Nature CNN, zero-filling fresh pages (``aten::fill_``,
+``aten::empty_strided``) took 0.1 s of 0.75 s. AMP makes more of these buffers (the
+autocast copies), so it gains the most.
+
+``tune_cpu_malloc()`` raises glibc's mmap and trim thresholds to 1 GiB (``mallopt``), so
+freed blocks are reused by the next update. The setting is process-wide: anything else in
+the same process (a float32 learner too) gets it as well. The price: freed memory stays in
+the process (its resident size stays near the update's peak between updates). It does
+nothing where the allocator is not glibc's, or where you chose one yourself
+(``MALLOC_*`` environment variables, jemalloc or tcmalloc preloaded).
+
+Example:
+    >>> from rllib_amp.malloc import tune_cpu_malloc
+    >>> isinstance(tune_cpu_malloc(), bool)
+    True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+
+logger = logging.getLogger(__name__)
+
+# <malloc.h>
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+THRESHOLD_BYTES = 1 << 30
+
+_USER_CHOICE_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_CONF")
+_OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+_state: bool | None = None  # None: not tried yet in this process
+
+
+def why_not() -> str | None:
+    """Why this process's allocator is left alone, or None when it can be tuned."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return "the C library is not glibc"
+    chosen = [v for v in _USER_CHOICE_VARS if v in os.environ]
+    if chosen:
+        return f"{chosen[0]} is set in the environment"
+    preload = os.environ.get("LD_PRELOAD", "")
+    for name in _OTHER_ALLOCATORS:
+        if name in preload:
+            return f"{name} is preloaded"
+    return None
+
+
+def tune_cpu_malloc() -> bool:
+    """Applies the thresholds once per process; True when they are in effect."""
+    global _state
+    if _state is not None:
+        return _state
+    reason = why_not()
+    if reason is None:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            ok = (
+                libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES) == 1
+                and libc.mallopt(M_TRIM_THRESHOLD, THRESHOLD_BYTES) == 1
+            )
+            reason = None if ok else "mallopt refused the thresholds"
+        except (OSError, AttributeError) as e:
+            reason = f"libc.so.6 has no usable mallopt ({e})"
+    _state = reason is None
+    if _state:
+        logger.info(
+            "rllib_amp: CPU learner: glibc keeps freed blocks up to 1 GiB for reuse (saves "
+            "re-faulting the update's buffers every step; set the AMP setting "
+            "tune_cpu_malloc: false to keep glibc's defaults)"
+        )
+    else:
+        logger.info("rllib_amp: CPU allocator left as it is: %s", reason)
+    return _state
