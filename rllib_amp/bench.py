@@ -13,8 +13,16 @@ Figures:
      pass) and DQN (batch 256),
      ALE/Pong-v5 observations, presets mini / full / high;
   2. peak memory of the update (CUDA: max_memory_allocated; CPU: peak resident memory of a
-     child process per variant, above its resident memory before the update);
-  3. end-to-end env steps/s of PPO on ALE/Pong-v5 over a few training iterations;
+     child process per variant, above its resident memory before the update, with glibc's
+     allocator defaults);
+  3. end-to-end env steps/s of PPO on ALE/Pong-v5 over a few training iterations, 16 envs
+     per EnvRunner (one batched forward pass per step for all of them);
+
+Each throughput cell and the end-to-end figure run in a fresh process, and within it every
+variant runs interleaved, so the variants share one process: rllib-amp's CPU allocator
+setting (rllib_amp.malloc) applies to the stock variants as well. The speed figures run
+unseeded: a seed makes RLlib switch on torch's deterministic mode on a CPU, which is not how
+one trains for speed.
   4. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
      fixed number of env steps.
 
@@ -50,6 +58,14 @@ PPO_MINIBATCH, PPO_EPOCHS = 256, 2
 # PPO train batch: 1024 on CPU; 4096 on a GPU (the size the GPU memory target is set at).
 PPO_BATCH = {"cpu": 1024, "cuda": 4096}
 DQN_BATCH = 256
+# Untimed rounds of every variant before the timed ones: the first builds lazy state and
+# picks kernels. With one round, the first two of seven timed AMP repetitions of PPO full
+# came out about 30% slower than the other five (2026-11-30); steady state is what a long
+# training run sees.
+WARMUP_ROUNDS = 2
+# End to end: the local EnvRunner steps this many Pong envs, so each action computation is
+# one forward pass over all of them (RLlib's way of batching inference).
+E2E_ENVS_PER_RUNNER = 16
 ENV_ID = "ALE/Pong-v5"
 
 
@@ -89,8 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- configs ----------------------------------------------------------------------------------
-def algo_config(algo: str, model: str, variant: str, device: str, *, seed: int = 0) -> Any:
-    """The RLlib config of one benchmark cell."""
+def algo_config(
+    algo: str,
+    model: str,
+    variant: str,
+    device: str,
+    *,
+    seed: int | None = None,
+    tune_malloc: bool = True,
+) -> Any:
+    """The RLlib config of one benchmark cell.
+
+    No seed by default: RLlib's ``debugging(seed=...)`` turns on
+    ``torch.use_deterministic_algorithms`` on a CPU, process-wide, which also fills every new
+    tensor (about 12% of a bf16 PPO update); the speed figures measure normal training.
+    ``tune_malloc=False`` keeps glibc's allocator defaults in the AMP variants (the memory
+    figure: a heap that keeps freed blocks would hide the update's peak).
+    """
     import torch
 
     from rllib_amp import envs, with_amp
@@ -110,26 +141,31 @@ def algo_config(algo: str, model: str, variant: str, device: str, *, seed: int =
         )
     else:
         cfg.training(train_batch_size_per_learner=DQN_BATCH, lr=1e-4)
-    cfg.debugging(seed=seed)
+    if seed is not None:
+        cfg.debugging(seed=seed)
     if variant == "rllib-scaler":
         # RLlib calls the class with no arguments: a partial is how a device gets in.
         scaler_cls: Any = functools.partial(torch.amp.GradScaler, device)
         cfg.experimental(_torch_grad_scaler_class=scaler_cls)
     elif variant == "amp-auto":
-        with_amp(cfg)
+        with_amp(cfg, tune_cpu_malloc=tune_malloc)
     elif variant == "amp-fp16":
-        with_amp(cfg, dtype="float16")
+        with_amp(cfg, dtype="float16", tune_cpu_malloc=tune_malloc)
     elif variant == "amp-bf16":
-        with_amp(cfg, dtype="bfloat16")
+        with_amp(cfg, dtype="bfloat16", tune_cpu_malloc=tune_malloc)
     return cfg
 
 
 def collect_data(algo: str, device: str, path: str) -> None:
     """Samples one fixed training batch (as episodes) from Pong and pickles it to ``path``."""
+    import torch
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    cfg = algo_config(algo, "mini", "fp32", device)
+    cfg = algo_config(algo, "mini", "fp32", device, seed=0)
+    deterministic = torch.are_deterministic_algorithms_enabled()
     runner = SingleAgentEnvRunner(config=cfg)
+    # The seeded runner switched torch's deterministic mode on for the whole process.
+    torch.use_deterministic_algorithms(deterministic)
     assert runner.env is not None
     spaces = {
         "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
@@ -175,33 +211,95 @@ def _sync(learner: Any) -> None:
         torch.cuda.synchronize()
 
 
-def _build_learner(algo: str, model: str, variant: str, device: str, spaces: Any) -> Any:
+def _build_learner(
+    algo: str, model: str, variant: str, device: str, spaces: Any, *, tune_malloc: bool = True
+) -> Any:
     import torch
 
     torch.manual_seed(0)
-    return algo_config(algo, model, variant, device).build_learner(spaces=spaces)
+    cfg = algo_config(algo, model, variant, device, tune_malloc=tune_malloc)
+    return cfg.build_learner(spaces=spaces)
 
 
 def samples_in(episodes: Any) -> int:
     return sum(len(e) for e in episodes)
 
 
+# -- fresh processes ---------------------------------------------------------------------
+CHILD_TIMEOUT_S = 1800
+
+
+def _child_entry(fn: Callable[..., Any], args: tuple, queue: Any) -> None:
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        queue.put(("ok", fn(*args)))
+    except BaseException as e:  # reported, not swallowed: the parent raises it
+        queue.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a fresh (spawned) process: no heap, caches or Ray state from the
+    figures before it. In one long process the end-to-end AMP figure came out at 1.19x,
+    in a fresh one 1.42x (2026-11-30)."""
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_entry, args=(fn, args, queue))
+    proc.start()
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    try:
+        while True:
+            try:
+                status, value = queue.get(timeout=5)
+                break
+            except queue_mod.Empty:
+                if not proc.is_alive():
+                    raise RuntimeError(
+                        f"{fn.__name__}{args}: the child process died (exit code "
+                        f"{proc.exitcode}) without a result"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{fn.__name__}{args}: no result in {CHILD_TIMEOUT_S} s"
+                    ) from None
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+    if status != "ok":
+        raise RuntimeError(f"{fn.__name__}{args}: {value}")
+    return value
+
+
 # -- figure 1: throughput ---------------------------------------------------------------------
 def bench_throughput(
     algo: str, model: str, variants: Sequence[str], device: str, data: dict, reps: int
 ) -> dict[str, list[float]]:
-    """Samples/s per variant: interleaved repetitions in one process, after one warm-up."""
+    """Samples/s per variant: interleaved repetitions in one process, after warm-up rounds."""
     learners = {v: _build_learner(algo, model, v, device, data["spaces"]) for v in variants}
     runs = {v: _update_fn(algo, lrn, data["episodes"]) for v, lrn in learners.items()}
     n = samples_in(data["episodes"]) * (PPO_EPOCHS if algo == "PPO" else 1)
-    for run in runs.values():
-        run()  # warm-up: lazy state, allocator, oneDNN / cuDNN kernel choice
+    for _ in range(WARMUP_ROUNDS):
+        for run in runs.values():
+            run()  # warm-up: lazy state, allocator, oneDNN / cuDNN kernel choice
     times: dict[str, list[float]] = {v: [] for v in variants}
     for rep in range(reps):
         order = list(variants) if rep % 2 == 0 else list(reversed(variants))
         for v in order:
             times[v].append(runs[v]())
     return {v: [n / t for t in ts] for v, ts in times.items()}
+
+
+def throughput_cell(
+    algo: str, model: str, variants: Sequence[str], device: str, data_path: str, reps: int
+) -> dict[str, list[float]]:
+    """``bench_throughput`` on the batch pickled at ``data_path`` (for ``in_child``)."""
+    with open(data_path, "rb") as f:
+        data = pickle.load(f)
+    return bench_throughput(algo, model, variants, device, data, reps)
 
 
 # -- figure 2: memory -------------------------------------------------------------------------
@@ -228,49 +326,35 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _memory_child(args: tuple[str, str, str, str, str], queue: Any) -> None:
-    algo, model, variant, device, data_path = args
-    try:
-        import torch
+def _memory_one(algo: str, model: str, variant: str, device: str, data_path: str) -> float:
+    """Peak bytes of one update of one variant (run in its own fresh process)."""
+    import torch
 
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
-        with open(data_path, "rb") as f:
-            data = pickle.load(f)
-        learner = _build_learner(algo, model, variant, device, data["spaces"])
-        run = _update_fn(algo, learner, data["episodes"])
-        if device == "cuda":
-            run()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            run()
-            queue.put(("ok", torch.cuda.max_memory_allocated() - base))
-        else:
-            run()  # warm-up, so lazily built state is in the baseline
-            before = _rss_bytes()
-            if not _reset_peak_rss():
-                raise RuntimeError("cannot reset peak RSS (/proc/self/clear_refs)")
-            run()
-            queue.put(("ok", max(0, _peak_rss_bytes() - before)))
-    except Exception as e:  # reported, not swallowed: the parent prints it
-        queue.put(("error", f"{type(e).__name__}: {e}"))
+    with open(data_path, "rb") as f:
+        data = pickle.load(f)
+    # Every variant under glibc's allocator defaults: a heap that keeps freed blocks
+    # (rllib_amp.malloc) would make the update's peak look smaller than it is.
+    learner = _build_learner(algo, model, variant, device, data["spaces"], tune_malloc=False)
+    run = _update_fn(algo, learner, data["episodes"])
+    if device == "cuda":
+        run()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run()
+        return float(torch.cuda.max_memory_allocated() - base)
+    run()  # warm-up, so lazily built state is in the baseline
+    before = _rss_bytes()
+    if not _reset_peak_rss():
+        raise RuntimeError("cannot reset peak RSS (/proc/self/clear_refs)")
+    run()
+    return float(max(0, _peak_rss_bytes() - before))
 
 
 def bench_memory(
     algo: str, model: str, variants: Sequence[str], device: str, data_path: str
 ) -> dict[str, float]:
     """Peak bytes of one update per variant, each measured in a fresh child process."""
-    ctx = mp.get_context("spawn")
-    out: dict[str, float] = {}
-    for v in variants:
-        queue = ctx.Queue()
-        proc = ctx.Process(target=_memory_child, args=((algo, model, v, device, data_path), queue))
-        proc.start()
-        status, value = queue.get(timeout=900)
-        proc.join(60)
-        if status != "ok":
-            raise RuntimeError(f"memory benchmark {algo}/{model}/{v}: {value}")
-        out[v] = float(value)
-    return out
+    return {v: in_child(_memory_one, algo, model, v, device, data_path) for v in variants}
 
 
 # -- figure 3: end to end ---------------------------------------------------------------------
@@ -280,18 +364,19 @@ def bench_end_to_end(
     """Env steps/s of whole PPO training iterations on Pong, interleaved across variants."""
     algos = {}
     for v in variants:
-        cfg = algo_config("PPO", model, v, device).env_runners(num_envs_per_env_runner=4)
+        cfg = algo_config("PPO", model, v, device)
+        cfg.env_runners(num_envs_per_env_runner=E2E_ENVS_PER_RUNNER)
         algos[v] = cfg.build_algo()
     rates: dict[str, list[float]] = {v: [] for v in variants}
     try:
-        for it in range(iterations + 1):
+        for it in range(WARMUP_ROUNDS + iterations):
             order = list(variants) if it % 2 == 0 else list(reversed(variants))
             for v in order:
                 t = time.perf_counter()
                 result = algos[v].train()
                 dt = time.perf_counter() - t
                 steps = result["env_runners"]["num_env_steps_sampled"]
-                if it > 0:  # the first iteration builds and warms everything
+                if it >= WARMUP_ROUNDS:  # the first iterations build and warm everything
                     rates[v].append(steps / dt)
     finally:
         for a in algos.values():
@@ -304,6 +389,7 @@ def bench_parity(
     variants: Sequence[str], seeds: Sequence[int], budgets: dict[str, int]
 ) -> dict[str, dict[str, list[float]]]:
     """CartPole return after a fixed env-step budget, per algorithm, variant and seed."""
+    import numpy as np
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.ppo import PPOConfig
 
@@ -333,6 +419,11 @@ def bench_parity(
                 if v != "fp32":
                     with_amp(cfg)
                 a = cfg.build_algo()
+                buffer = getattr(a, "local_replay_buffer", None)
+                if buffer is not None:
+                    # RLlib seeds DQN's replay sampling with None even under
+                    # debugging(seed=...): pin it, so a seed means one result.
+                    buffer.rng = np.random.default_rng(seed)
                 try:
                     result: dict[str, Any] = {}
                     while result.get("num_env_steps_sampled_lifetime", 0) < budget:
@@ -478,19 +569,17 @@ def run(argv: Sequence[str] | None = None) -> int:
         for algo in algos:
             data_path = os.path.join(tmp, f"{algo}.pkl")
             collect_data(algo, device, data_path)
-            with open(data_path, "rb") as f:
-                data = pickle.load(f)
             for model in models:
                 key = f"{algo} {model}"
                 print(f"[bench] {key}: learner update x{reps} per variant", file=sys.stderr)
-                results["throughput"][key] = bench_throughput(
-                    algo, model, variants, device, data, reps
+                results["throughput"][key] = in_child(
+                    throughput_cell, algo, model, variants, device, data_path, reps
                 )
                 if not args.quick or algo == "PPO":
                     print(f"[bench] {key}: peak memory", file=sys.stderr)
                     results["memory"][key] = bench_memory(algo, model, variants, device, data_path)
     print("[bench] PPO Pong end to end", file=sys.stderr)
-    results["end_to_end"] = bench_end_to_end(variants, device, 3 if args.quick else 6)
+    results["end_to_end"] = in_child(bench_end_to_end, variants, device, 4 if args.quick else 8)
     if not args.quick:
         print("[bench] CartPole learning parity (3 seeds)", file=sys.stderr)
         results["parity"] = bench_parity(

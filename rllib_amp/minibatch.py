@@ -51,7 +51,11 @@ class GatherMiniBatchIterator(MiniBatchCyclicIterator):
                 return False
             n = len(module_batch)
             for leaf in tree.flatten(dict(module_batch)):
-                if not isinstance(leaf, (torch.Tensor, np.ndarray)) or len(leaf) != n:
+                if (
+                    not isinstance(leaf, (torch.Tensor, np.ndarray))
+                    or leaf.ndim == 0
+                    or leaf.shape[0] != n
+                ):
                     return False
         return True
 

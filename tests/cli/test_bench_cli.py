@@ -49,3 +49,17 @@ def test_rows_put_the_ratio_to_fp32_in_every_row():
     assert all(r["ratio_to_fp32"] == 1.0 for r in rows if r["variant"] == "fp32")
     table = bench.markdown(rows, "header")
     assert table.count("\n") == len(rows) + 3 and "2.00x" in table
+
+
+def test_in_child_returns_raises_and_notices_a_dead_child():
+    import math
+    import operator
+    import os
+
+    from rllib_amp.bench import in_child
+
+    assert in_child(operator.add, 1, 2) == 3
+    with pytest.raises(RuntimeError, match="ValueError: math domain error"):
+        in_child(math.sqrt, -1.0)
+    with pytest.raises(RuntimeError, match="died \\(exit code 3\\)"):
+        in_child(os._exit, 3)

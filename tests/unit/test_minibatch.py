@@ -121,8 +121,9 @@ def test_does_not_touch_the_train_batch():
         lambda: SampleBatch({"obs": torch.zeros(4), "infos": [{}, {}, {}, {}]}),
         lambda: SampleBatch({"obs": torch.zeros(4), "other": np.zeros(3)}),
         lambda: SampleBatch({"obs": torch.zeros(4), "other": "abcd"}),
+        lambda: SampleBatch({"obs": torch.zeros(4), "scalar": torch.tensor(1.0)}),
     ],
-    ids=["seq_lens", "infos", "short column", "non-array leaf"],
+    ids=["seq_lens", "infos", "short column", "non-array leaf", "0-d tensor"],
 )
 def test_unsupported_batches_are_left_to_rllib(make):
     assert not GatherMiniBatchIterator.supports(MultiAgentBatch({"p": make()}, 4))
