@@ -25,21 +25,17 @@ from typing import Any
 
 import yaml
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.algorithms.appo import APPOConfig
-from ray.rllib.algorithms.dqn import DQNConfig
-from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
 from rllib_amp import envs
-from rllib_amp.api import with_amp
+from rllib_amp.api import SUPPORTED_CONFIGS, with_amp
 from rllib_amp.learner import AMP_CONFIG_KEY
 from rllib_amp.metrics import tag_learners_with_trial
 from rllib_amp.settings import AmpSettings, suggest
 
+# with_amp's supported algorithms, in the order messages list them.
 ALGORITHMS: dict[str, type[AlgorithmConfig]] = {
-    "PPO": PPOConfig,
-    "DQN": DQNConfig,
-    "APPO": APPOConfig,
+    name: SUPPORTED_CONFIGS[name] for name in ("PPO", "DQN", "APPO")
 }
 TOP_KEYS = (
     "algorithm",
