@@ -3,10 +3,10 @@
 glibc serves every allocation above its mmap threshold (at most 32 MiB by default) with a
 fresh ``mmap`` and returns it to the OS on ``free``. A CPU update allocates dozens of such
 buffers (a minibatch of Atari observations is 29 MB in float32, its bfloat16 copy and the
-convolution workspaces follow), so every update page-faults all of them in again: in the
-profile of a bf16 PPO update on the Nature CNN, zero-filling fresh pages (``aten::fill_``,
-``aten::empty_strided``) took 0.1 s of 0.75 s. AMP makes more of these buffers (the
-autocast copies), so it gains the most.
+convolution workspaces follow), so every update page-faults all of them in again. Measured
+on a PPO update (Nature CNN, batch 1024, 2 cores): minor page faults per update, float32
+104,392 -> 14,672 and bf16 60,112 -> 2; CPU time per update, float32 2.92 -> 2.12 s and
+bf16 1.21 -> 1.03 s.
 
 ``tune_cpu_malloc()`` raises glibc's mmap and trim thresholds to 1 GiB (``mallopt``), so
 freed blocks are reused by the next update. The setting is process-wide: anything else in
