@@ -52,6 +52,8 @@ from typing import Any, NoReturn
 
 VARIANTS_CPU = ("fp32", "rllib-scaler", "amp-auto")
 VARIANTS_GPU = ("fp32", "rllib-scaler", "amp-auto", "amp-fp16", "amp-bf16")
+# rllib-amp variant -> AmpSettings.dtype
+AMP_DTYPES = {"amp-auto": "auto", "amp-fp16": "float16", "amp-bf16": "bfloat16"}
 ALGOS = ("PPO", "DQN")
 MODELS = ("mini", "full", "high")
 PPO_MINIBATCH, PPO_EPOCHS = 256, 2
@@ -147,12 +149,8 @@ def algo_config(
         # RLlib calls the class with no arguments: a partial is how a device gets in.
         scaler_cls: Any = functools.partial(torch.amp.GradScaler, device)
         cfg.experimental(_torch_grad_scaler_class=scaler_cls)
-    elif variant == "amp-auto":
-        with_amp(cfg, tune_cpu_malloc=tune_malloc)
-    elif variant == "amp-fp16":
-        with_amp(cfg, dtype="float16", tune_cpu_malloc=tune_malloc)
-    elif variant == "amp-bf16":
-        with_amp(cfg, dtype="bfloat16", tune_cpu_malloc=tune_malloc)
+    elif variant in AMP_DTYPES:
+        with_amp(cfg, dtype=AMP_DTYPES[variant], tune_cpu_malloc=tune_malloc)
     return cfg
 
 
