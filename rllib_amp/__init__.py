@@ -6,14 +6,14 @@ Example:
     >>> config = with_amp(PPOConfig().environment("CartPole-v1"))  # precision "auto"
 """
 
-from rllib_amp.api import with_amp
-from rllib_amp.learner import (
+from rllib_amp.algorithms import (
     AmpAPPOTorchLearner,
     AmpDQNTorchLearner,
-    AmpLearnerMixin,
     AmpPPOTorchLearner,
     amp_learner_class,
 )
+from rllib_amp.api import with_amp
+from rllib_amp.learner import AmpLearnerMixin
 from rllib_amp.settings import AmpSettings
 
 __all__ = [

@@ -12,23 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.algorithms.appo import APPOConfig
-from ray.rllib.algorithms.dqn import DQNConfig
-from ray.rllib.algorithms.ppo import PPOConfig
 
+from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config, amp_learner_class
 from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
-from rllib_amp.learner import AMP_CONFIG_KEY, amp_learner_class, settings_from_config
-from rllib_amp.settings import AmpSettings
+from rllib_amp.settings import AmpSettings, settings_from_config, store_in_config
 
-__all__ = ["SUPPORTED_CONFIGS", "settings_from_config", "with_amp"]
-
-# APPOConfig is no PPOConfig subclass in RLlib; order still puts the most specific first.
-SUPPORTED_CONFIGS: dict[str, type[AlgorithmConfig]] = {
-    "APPO": APPOConfig,
-    "PPO": PPOConfig,
-    "DQN": DQNConfig,
-}
-
+__all__ = ["settings_from_config", "with_amp"]
 
 _AMP_ENV_RUNNERS = (AmpSingleAgentEnvRunner, AmpMultiAgentEnvRunner)
 
@@ -58,10 +47,10 @@ def with_amp(
             f"with_amp: expected an RLlib AlgorithmConfig, got {type(config).__name__}; "
             f"pass e.g. PPOConfig().environment('CartPole-v1')"
         )
-    if not any(isinstance(config, cls) for cls in SUPPORTED_CONFIGS.values()):
+    if algorithm_for_config(config) is None:
         raise ValueError(
             f"with_amp: {type(config).__name__} is not supported; supported algorithms: "
-            f"{', '.join(f'{n} ({c.__name__})' for n, c in SUPPORTED_CONFIGS.items())}"
+            f"{', '.join(f'{a.name} ({a.config_class.__name__})' for a in ALGORITHMS.values())}"
         )
     if config.framework_str != "torch":
         raise ValueError(
@@ -88,7 +77,7 @@ def with_amp(
     if fields:
         settings = settings.replace(**fields)
     config.learners(learner_class=amp_learner_class(config.learner_class))
-    config.learners(learner_config_dict={AMP_CONFIG_KEY: settings.to_dict()})
+    store_in_config(config, settings)
     # Autocast inference on the EnvRunners, unless the user brought their own EnvRunner.
     if config.env_runner_cls in (None, *_AMP_ENV_RUNNERS):
         config.env_runners(

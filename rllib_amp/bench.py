@@ -48,7 +48,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
+
+from rllib_amp.cli import Parser, UsageError, main_wrapper
 
 VARIANTS_CPU = ("fp32", "rllib-scaler", "amp-auto")
 VARIANTS_GPU = ("fp32", "rllib-scaler", "amp-auto", "amp-fp16", "amp-bf16")
@@ -71,15 +73,6 @@ E2E_ENVS_PER_RUNNER = 16
 ENV_ID = "ALE/Pong-v5"
 
 
-class UsageError(Exception):
-    """Bad command-line input: one line on stderr, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see --help)")
-
-
 def _csv(allowed: Sequence[str], flag: str) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         items = [t.strip() for t in text.split(",") if t.strip()]
@@ -95,7 +88,7 @@ def _csv(allowed: Sequence[str], flag: str) -> Callable[[str], list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m rllib_amp.bench", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m rllib_amp.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="full preset only, fewer reps, no parity")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if any")
     p.add_argument("--algos", type=_csv(ALGOS, "algos"), default=None, help="e.g. PPO,DQN")
@@ -126,13 +119,13 @@ def algo_config(
     """
     import torch
 
-    from rllib_amp import envs, with_amp
-    from rllib_amp.experiment import algorithm_config_class
+    from rllib_amp import envs, models, with_amp
+    from rllib_amp.algorithms import algorithm
 
-    cfg = algorithm_config_class(algo)()
+    cfg = algorithm(algo).config_class()
     cfg.environment(envs.AtariEnv, env_config={"id": ENV_ID})
     cfg.env_runners(num_env_runners=0)
-    cfg.rl_module(model_config=envs.model_config(model, image=True))
+    cfg.rl_module(model_config=models.model_config(model, image=True))
     cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)
     if algo == "PPO":
         cfg.training(
@@ -595,11 +588,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except UsageError as e:
-        print(f"python -m rllib_amp.bench: error: {e}", file=sys.stderr)
-        return 2
+    return main_wrapper("python -m rllib_amp.bench", run, argv)
 
 
 if __name__ == "__main__":

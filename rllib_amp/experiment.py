@@ -27,16 +27,13 @@ import yaml
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-from rllib_amp import envs
-from rllib_amp.api import SUPPORTED_CONFIGS, with_amp
-from rllib_amp.learner import AMP_CONFIG_KEY
+from rllib_amp import envs, models
+from rllib_amp.algorithms import ALGORITHMS, algorithm
+from rllib_amp.api import with_amp
+from rllib_amp.checks import is_number, suggest
 from rllib_amp.metrics import tag_learners_with_trial
-from rllib_amp.settings import AmpSettings, suggest
+from rllib_amp.settings import AmpSettings, store_in_config
 
-# with_amp's supported algorithms, in the order messages list them.
-ALGORITHMS: dict[str, type[AlgorithmConfig]] = {
-    name: SUPPORTED_CONFIGS[name] for name in ("PPO", "DQN", "APPO")
-}
 TOP_KEYS = (
     "algorithm",
     "env",
@@ -116,12 +113,9 @@ class ExperimentError(ValueError):
 
 def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
     try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise ExperimentError(
-            f"algorithm: {name!r} is not supported{suggest(str(name), tuple(ALGORITHMS))}; "
-            f"allowed: {', '.join(ALGORITHMS)}"
-        ) from None
+        return algorithm(name).config_class
+    except ValueError as e:
+        raise ExperimentError(str(e)) from None
 
 
 def _training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
@@ -134,10 +128,6 @@ def _training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
             if p.name != "self" and p.kind is not p.VAR_KEYWORD and p.name not in names:
                 names.append(p.name)
     return tuple(names)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -260,14 +250,14 @@ class Experiment:
         preset = model.pop("preset", None)
         batchnorm = model.pop("batchnorm", False)
         image = envs.is_atari(d["env"])
-        model_cfg = envs.model_config(preset, image=image, overrides=model) if preset else model
+        model_cfg = models.model_config(preset, image=image, overrides=model) if preset else model
         config.rl_module(model_config=model_cfg)
         if batchnorm:
             from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
             config.rl_module(
                 rl_module_spec=RLModuleSpec(
-                    module_class=envs.batchnorm_module_class(d["algorithm"]),
+                    module_class=algorithm(d["algorithm"]).batchnorm_module,
                     model_config=model_cfg,
                 )
             )
@@ -278,9 +268,9 @@ class Experiment:
         # AMP settings: validated values through with_amp, samplers placed afterwards.
         plain_amp = {k: v for k, v in d["amp"].items() if not _is_domain(v)}
         with_amp(config, AmpSettings.from_dict(plain_amp, where="amp"))
-        for k, v in d["amp"].items():
-            if _is_domain(v):
-                config.learner_config_dict[AMP_CONFIG_KEY][k] = v
+        searched = {k: v for k, v in d["amp"].items() if _is_domain(v)}
+        if searched:
+            store_in_config(config, AmpSettings.from_dict(plain_amp), searched=searched)
         return config
 
     def param_space(self) -> dict[str, Any]:
@@ -371,7 +361,7 @@ def _check_keys(path: str, section: str, d: Mapping[str, Any], allowed: Iterable
 def _check_number(
     path: str, key: str, v: Any, types: tuple[type, ...], lo: float | None, hi: float | None = None
 ) -> None:
-    ok_type = _is_number(v) and (float in types or isinstance(v, int))
+    ok_type = is_number(v) and (float in types or isinstance(v, int))
     if not ok_type or (isinstance(v, float) and not math.isfinite(v)):
         raise _err(path, key, f"got {v!r}; expected {_type_name(types)}")
     if lo is not None and v < lo:
@@ -428,13 +418,13 @@ def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
     if (
         "preset" in model
         and not _is_domain(model["preset"])
-        and model["preset"] not in envs.PRESETS
+        and model["preset"] not in models.PRESETS
     ):
         raise _err(
             path,
             "model.preset",
-            f"unknown preset {model['preset']!r}{suggest(str(model['preset']), envs.PRESETS)}; "
-            f"allowed: {', '.join(envs.PRESETS)}",
+            f"unknown preset {model['preset']!r}{suggest(str(model['preset']), models.PRESETS)}; "
+            f"allowed: {', '.join(models.PRESETS)}",
         )
     if "batchnorm" in model and not isinstance(model["batchnorm"], bool):
         raise _err(path, "model.batchnorm", f"got {model['batchnorm']!r}; expected true or false")
@@ -550,7 +540,7 @@ def _validate_search(path: str, raw: Any, exp: dict[str, Any]) -> dict[str, dict
                 raise _err(path, where, f"{kind} needs a non-empty list of values, got {arg!r}")
             candidates = list(arg)
         else:
-            if not isinstance(arg, list) or len(arg) != 2 or not all(_is_number(a) for a in arg):
+            if not isinstance(arg, list) or len(arg) != 2 or not all(is_number(a) for a in arg):
                 raise _err(path, where, f"{kind} needs [lo, hi] (two numbers), got {arg!r}")
             lo, hi = arg
             if lo >= hi:
@@ -585,7 +575,7 @@ def _batch_bounds(exp: dict[str, Any], key: str, default: int | None) -> tuple[A
     if spec:
         ((kind, arg),) = spec.items()
         vals = list(arg) if kind in ("grid", "choice") else [arg[0], arg[1]]
-        nums = [v for v in vals if _is_number(v)]
+        nums = [v for v in vals if is_number(v)]
         if nums:
             return min(nums), max(nums)
     v = exp["training"].get(key, default)
@@ -595,13 +585,12 @@ def _batch_bounds(exp: dict[str, Any], key: str, default: int | None) -> tuple[A
 def _check_batch_sizes(path: str, exp: dict[str, Any]) -> None:
     if exp["algorithm"] not in ("PPO", "APPO"):
         return
-    cls = ALGORITHMS[exp["algorithm"]]
-    defaults = cls()
+    defaults = algorithm_config_class(exp["algorithm"])()
     batch_lo, _ = _batch_bounds(
         exp, "train_batch_size_per_learner", defaults.train_batch_size_per_learner
     )
     _, mb_hi = _batch_bounds(exp, "minibatch_size", defaults.minibatch_size)
-    if _is_number(batch_lo) and _is_number(mb_hi) and mb_hi > batch_lo:
+    if is_number(batch_lo) and is_number(mb_hi) and mb_hi > batch_lo:
         raise _err(
             path,
             "training.minibatch_size",

@@ -23,6 +23,7 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
 from rllib_amp.precision import Precision, resolve_inference, to_float32
+from rllib_amp.settings import settings_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ class AmpEnvRunnerMixin:
         super().make_module()  # type: ignore[misc]
         if self.module is None:  # type: ignore[attr-defined]
             return
-        from rllib_amp.learner import settings_from_config
-
         settings = settings_from_config(self.config)  # type: ignore[attr-defined]
         device = getattr(self, "_device", None) or "cpu"
         batch = int(getattr(self.config, "num_envs_per_env_runner", 1) or 1)  # type: ignore[attr-defined]

@@ -31,9 +31,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
-from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
-from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core import COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
@@ -45,23 +42,12 @@ from rllib_amp.malloc import tune_cpu_malloc
 from rllib_amp.minibatch import GatherMiniBatchIterator
 from rllib_amp.precision import Precision, add_float32_islands, resolve, to_float32
 from rllib_amp.scaler import PolicyScaler
-from rllib_amp.settings import AmpSettings
-
-if TYPE_CHECKING:
-    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from rllib_amp.settings import AmpSettings, settings_from_config
 
 logger = logging.getLogger(__name__)
 
-# Where with_amp() puts the AmpSettings inside AlgorithmConfig.learner_config_dict.
-AMP_CONFIG_KEY = "rllib_amp"
 # The key of the scalers' state inside Learner.get_state().
 AMP_STATE_KEY = "amp_scalers"
-
-
-def settings_from_config(config: AlgorithmConfig) -> AmpSettings:
-    """The AmpSettings stored in an AlgorithmConfig by ``with_amp`` (defaults if none)."""
-    raw = (config.learner_config_dict or {}).get(AMP_CONFIG_KEY)
-    return AmpSettings.from_dict(raw, where="amp")
 
 
 @contextlib.contextmanager
@@ -499,49 +485,3 @@ class AmpLearnerMixin(_MixinBase):
                 fresh.append(module_id)
         if fresh:
             logger.info("rllib_amp: no saved scaler state for modules %s; they start fresh", fresh)
-
-
-class AmpPPOTorchLearner(AmpLearnerMixin, PPOTorchLearner):
-    """PPO's torch learner with autocast and a checkpointed GradScaler per policy."""
-
-
-class AmpDQNTorchLearner(AmpLearnerMixin, DQNTorchLearner):
-    """DQN's torch learner (target network, double Q) with autocast and per-policy scalers."""
-
-
-class AmpAPPOTorchLearner(AmpLearnerMixin, APPOTorchLearner):
-    """APPO's torch learner with autocast and a checkpointed GradScaler per policy."""
-
-
-_KNOWN: dict[type, type] = {
-    PPOTorchLearner: AmpPPOTorchLearner,
-    DQNTorchLearner: AmpDQNTorchLearner,
-    APPOTorchLearner: AmpAPPOTorchLearner,
-}
-_MADE: dict[type, type] = {}
-
-
-def amp_learner_class(base_learner_cls: type) -> type:
-    """The mixed-precision version of a TorchLearner subclass (yours or RLlib's).
-
-    Example:
-        >>> from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-        >>> amp_learner_class(PPOTorchLearner).__name__
-        'AmpPPOTorchLearner'
-    """
-    if not isinstance(base_learner_cls, type) or not issubclass(base_learner_cls, TorchLearner):
-        raise TypeError(
-            f"amp_learner_class: expected a subclass of RLlib's TorchLearner, got "
-            f"{base_learner_cls!r}; pass e.g. PPOTorchLearner or your own TorchLearner subclass"
-        )
-    if issubclass(base_learner_cls, AmpLearnerMixin):
-        return base_learner_cls
-    if base_learner_cls in _KNOWN:
-        return _KNOWN[base_learner_cls]
-    if base_learner_cls not in _MADE:
-        _MADE[base_learner_cls] = type(
-            f"Amp{base_learner_cls.__name__}",
-            (AmpLearnerMixin, base_learner_cls),
-            {"__doc__": f"{base_learner_cls.__name__} with rllib-amp mixed precision."},
-        )
-    return _MADE[base_learner_cls]

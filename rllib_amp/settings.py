@@ -13,11 +13,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from rllib_amp.checks import is_number, suggest
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 EnabledT = Literal["auto"] | bool
 DTypeT = Literal["auto", "float16", "bfloat16"]
@@ -27,14 +31,8 @@ INFERENCE_DTYPES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16")
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def suggest(key: str, allowed: list[str] | tuple[str, ...]) -> str:
-    """Returns ' (did you mean 'x'?)' for the nearest allowed key, or ''."""
-    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.5)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+# Where the settings live inside an RLlib AlgorithmConfig: learner_config_dict[AMP_CONFIG_KEY].
+AMP_CONFIG_KEY = "rllib_amp"
 
 
 @dataclass(frozen=True)
@@ -117,7 +115,7 @@ class AmpSettings:
             if isinstance(kwargs.get(key), str):
                 kwargs[key] = _DTYPE_ALIASES.get(kwargs[key], kwargs[key])
         for key in ("init_scale", "growth_factor", "backoff_factor", "skip_warning_fraction"):
-            if key in kwargs and _is_number(kwargs[key]):
+            if key in kwargs and is_number(kwargs[key]):
                 kwargs[key] = float(kwargs[key])
         if (
             "growth_interval" in kwargs
@@ -152,7 +150,7 @@ def _validate(s: AmpSettings) -> None:
         )
     for key in ("init_scale", "growth_factor", "backoff_factor"):
         v = getattr(s, key)
-        if not _is_number(v) or not math.isfinite(v):
+        if not is_number(v) or not math.isfinite(v):
             raise ValueError(f"{key}: got {v!r}; expected a finite number")
     if s.init_scale <= 0:
         raise ValueError(f"init_scale: got {s.init_scale!r}; must be > 0 (the default is 65536.0)")
@@ -165,7 +163,7 @@ def _validate(s: AmpSettings) -> None:
             f"backoff_factor: got {s.backoff_factor!r}; must be in (0, 1) (the default is 0.5)"
         )
     swf = s.skip_warning_fraction
-    if not _is_number(swf) or not 0 <= swf <= 1:
+    if not is_number(swf) or not 0 <= swf <= 1:
         raise ValueError(f"skip_warning_fraction: got {swf!r}; must be a number in [0, 1]")
     swu = s.skip_warning_updates
     if not isinstance(swu, int) or isinstance(swu, bool) or swu < 1:
@@ -177,3 +175,46 @@ def _validate(s: AmpSettings) -> None:
         raise ValueError(
             f"growth_interval: got {gi!r}; must be an integer >= 1 (the default is 2000)"
         )
+
+
+# -- the one reader and writer of the AMP block inside an AlgorithmConfig ---------------------
+def settings_from_config(config: AlgorithmConfig) -> AmpSettings:
+    """The AmpSettings stored in an AlgorithmConfig by ``with_amp`` (defaults if none).
+
+    Example:
+        >>> from ray.rllib.algorithms.ppo import PPOConfig
+        >>> settings_from_config(PPOConfig()).dtype
+        'auto'
+    """
+    raw = (config.learner_config_dict or {}).get(AMP_CONFIG_KEY)
+    return AmpSettings.from_dict(raw, where="amp")
+
+
+def store_in_config(
+    config: AlgorithmConfig,
+    settings: AmpSettings,
+    *,
+    searched: Mapping[str, Any] | None = None,
+) -> None:
+    """Writes ``settings`` into ``config``; ``searched`` puts Tune samplers at some fields.
+
+    Samplers are for a Tune ``param_space``: Tune replaces them with values before a trial
+    builds its learner, which then validates them through ``settings_from_config``.
+
+    Example:
+        >>> from ray.rllib.algorithms.ppo import PPOConfig
+        >>> cfg = PPOConfig()
+        >>> store_in_config(cfg, AmpSettings(init_scale=1024))
+        >>> settings_from_config(cfg).init_scale
+        1024.0
+    """
+    block = settings.to_dict()
+    names = AmpSettings.field_names()
+    for key, sampler in (searched or {}).items():
+        if key not in names:
+            raise ValueError(
+                f"amp.{key}: unknown AMP setting{suggest(key, names)}; "
+                f"allowed keys: {', '.join(names)}"
+            )
+        block[key] = sampler
+    config.learners(learner_config_dict={AMP_CONFIG_KEY: block})

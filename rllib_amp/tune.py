@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from rllib_amp import metrics as M
+from rllib_amp.cli import Parser, UsageError, main_wrapper
+from rllib_amp.settings import AMP_CONFIG_KEY
 
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
 DEFAULT_STORAGE = "~/ray_results"
@@ -29,17 +30,8 @@ MODULE_ID = "default_policy"
 RESULTS_FILE = "results.parquet"
 
 
-class UsageError(Exception):
-    """Bad command-line input: reported as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, no usage dump
-        raise UsageError(f"{message} (see --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="python -m rllib_amp.tune",
         description="Sweep the GradScaler's init_scale / growth_interval and the batch size "
         "of an rllib-amp experiment with Ray Tune.",
@@ -97,8 +89,6 @@ def config_path(dotted: str, config: dict[str, Any]) -> tuple[str, ...]:
     ``config`` is such a dict: it decides between RLlib's public and underscored names
     (``train_batch_size_per_learner`` is stored as ``_train_batch_size_per_learner``).
     """
-    from rllib_amp.learner import AMP_CONFIG_KEY
-
     top, _, rest = dotted.partition(".")
     parts = rest.split(".") if rest else []
     if top == "amp":
@@ -369,11 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Tune's classic reporter, so the AMP columns show in the progress table.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    try:
-        return run(argv)
-    except (UsageError, ExperimentError) as e:
-        print(f"python -m rllib_amp.tune: error: {e}", file=sys.stderr)
-        return 2
+    return main_wrapper("python -m rllib_amp.tune", run, argv, (ExperimentError,))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from rllib_amp import (
     with_amp,
 )
 from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
-from rllib_amp.learner import settings_from_config
+from rllib_amp.settings import settings_from_config
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_multi_agent_config_gets_the_multi_agent_env_runner():
 
 
 def test_other_algorithms_are_refused_with_the_supported_list():
-    with pytest.raises(ValueError, match=r"SACConfig is not supported; supported algorithms: APPO"):
+    with pytest.raises(ValueError, match=r"SACConfig is not supported; supported algorithms: PPO \(PPOConfig\), DQN"):
         with_amp(SACConfig())
 
 

@@ -11,7 +11,7 @@ from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 
 from rllib_amp import experiment as E
-from rllib_amp.learner import AMP_CONFIG_KEY, settings_from_config
+from rllib_amp.settings import AMP_CONFIG_KEY, settings_from_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tune_configs", "*.yaml")))

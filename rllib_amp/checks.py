@@ -1,0 +1,30 @@
+"""Small value checks shared by every parser of user input (settings, experiments, CLIs).
+
+Example:
+    >>> suggest("init_scal", ("init_scale", "growth_factor"))
+    " (did you mean 'init_scale'?)"
+    >>> is_number(True), is_number(2.5)
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+# How alike a typo and a real name must be for "did you mean" (difflib's ratio).
+SUGGEST_CUTOFF = 0.6
+
+
+def is_number(value: Any) -> bool:
+    """True for an int or float that is not a bool (YAML's ``true`` is no number)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def suggest(key: str, allowed: Iterable[str]) -> str:
+    """Returns `` (did you mean 'x'?)`` for the nearest allowed name, or ``""``."""
+    close = difflib.get_close_matches(
+        str(key), [str(a) for a in allowed], n=1, cutoff=SUGGEST_CUTOFF
+    )
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,40 @@
+"""What every rllib-amp command line shares: bad input is one line on stderr and exit 2.
+
+Example:
+    >>> def run(argv):
+    ...     raise UsageError("--reps: got 0; must be >= 1")
+    >>> main_wrapper("python -m rllib_amp.bench", run, [])  # prints the line, returns 2
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without the usage dump: a bad flag is one line that points at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see --help)")
+
+
+def main_wrapper(
+    prog: str,
+    run: Callable[[Sequence[str] | None], int],
+    argv: Sequence[str] | None,
+    errors: tuple[type[BaseException], ...] = (),
+) -> int:
+    """Runs ``run(argv)``; UsageError and ``errors`` become ``prog: error: ...`` and exit 2."""
+    try:
+        return run(argv)
+    except (UsageError, *errors) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,134 @@
+"""Model presets (mini / full / high) and the BatchNorm option.
+
+Presets are the three sizes of the autowzry-agent project: ``mini`` (~0.5M parameters),
+``full`` (the Nature CNN, a few million) and ``high`` (~10M), for image input, with MLP
+equivalents for vector input. ``python -m rllib_amp.params`` prints each preset's size.
+
+Example:
+    >>> model_config("full", image=True)["conv_filters"][0]
+    [32, 8, 4, 'valid']
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from torch import nn
+
+# RLlib DefaultModelConfig settings per preset. conv_filters: [out_channels, kernel, stride].
+# "valid" padding as in the Nature CNN: 84 -> 20 -> 9 -> 7. One encoder shared by the policy
+# and value heads (each head has its own hidden layer).
+IMAGE_PRESETS: dict[str, dict[str, Any]] = {
+    "mini": {  # ~0.45M parameters
+        "conv_filters": [[16, 8, 4, "valid"], [32, 4, 2, "valid"], [32, 3, 1, "valid"]],
+        "conv_activation": "relu",
+        "head_fcnet_hiddens": [128],
+        "head_fcnet_activation": "relu",
+        "vf_share_layers": True,
+    },
+    "full": {  # Mnih et al. 2015 (the "Nature CNN"), ~3.3M parameters
+        "conv_filters": [[32, 8, 4, "valid"], [64, 4, 2, "valid"], [64, 3, 1, "valid"]],
+        "conv_activation": "relu",
+        "head_fcnet_hiddens": [512],
+        "head_fcnet_activation": "relu",
+        "vf_share_layers": True,
+    },
+    "high": {  # ~10M parameters
+        "conv_filters": [[64, 8, 4, "valid"], [128, 4, 2, "valid"], [128, 3, 1, "valid"]],
+        "conv_activation": "relu",
+        "head_fcnet_hiddens": [768],
+        "head_fcnet_activation": "relu",
+        "vf_share_layers": True,
+    },
+}
+VECTOR_PRESETS: dict[str, dict[str, Any]] = {
+    "mini": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
+    "full": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"},
+    "high": {"fcnet_hiddens": [1024, 1024, 1024], "fcnet_activation": "relu"},
+}
+PRESETS: tuple[str, ...] = tuple(IMAGE_PRESETS)
+
+
+def model_config(
+    preset: str, *, image: bool, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """RLlib ``model_config`` for a preset, with ``overrides`` applied on top."""
+    table = IMAGE_PRESETS if image else VECTOR_PRESETS
+    if preset not in table:
+        raise ValueError(f"model.preset: unknown preset {preset!r}; allowed: {', '.join(table)}")
+    out = copy.deepcopy(table[preset])
+    out.update(overrides or {})
+    return out
+
+
+def insert_batchnorm(root: nn.Module) -> int:
+    """Puts a BatchNorm2d after every Conv2d inside the Sequentials of ``root``.
+
+    Returns how many were inserted. Used by the ``batchnorm`` model option (the DQN of the
+    autowzry-agent write-up); under AMP these layers run in float32.
+    """
+    inserted = 0
+    for parent in list(root.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Sequential):
+                continue
+            if not any(isinstance(layer, nn.Conv2d) for layer in child):
+                continue
+            layers: list[nn.Module] = []
+            for layer in child:
+                layers.append(layer)
+                if isinstance(layer, nn.Conv2d):
+                    layers.append(nn.BatchNorm2d(layer.out_channels))
+                    inserted += 1
+            setattr(parent, name, nn.Sequential(*layers))
+    return inserted
+
+
+def with_batchnorm(base: type) -> type:
+    """``base`` (an RLModule class) with a BatchNorm2d after each Conv2d of its encoders.
+
+    Give the result a module-level name (see ``rllib_amp.algorithms``) so Ray pickles it
+    by reference.
+    """
+
+    class WithBatchNorm(base):  # type: ignore[valid-type,misc]
+        def setup(self) -> None:
+            super().setup()
+            insert_batchnorm(self)
+
+    WithBatchNorm.__name__ = WithBatchNorm.__qualname__ = f"BatchNorm{base.__name__}"
+    return WithBatchNorm
+
+
+# The observation space of the Atari preprocessing (see rllib_amp.envs.AtariEnv).
+ATARI_OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (84, 84, 4), np.float32)
+
+
+def count_parameters(
+    config_class: type,
+    preset: str,
+    *,
+    image: bool = True,
+    module_class: type | None = None,
+    num_actions: int = 6,
+) -> int:
+    """Trainable parameters of the RLModule a preset builds (target networks excluded).
+
+    Example:
+        >>> from ray.rllib.algorithms.ppo import PPOConfig
+        >>> count_parameters(PPOConfig, "mini", image=False) > 0
+        True
+    """
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    cfg = config_class()
+    obs = ATARI_OBS_SPACE if image else gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    act: gym.Space = gym.spaces.Discrete(num_actions)
+    cfg.rl_module(model_config=model_config(preset, image=image))
+    if module_class is not None:
+        cfg.rl_module(rl_module_spec=RLModuleSpec(module_class=module_class))
+    module: Any = cfg.get_rl_module_spec(spaces={"default_policy": (obs, act)}).build()
+    return sum(p.numel() for name, p in module.named_parameters() if "target" not in name)
