@@ -33,8 +33,9 @@ def main_wrapper(
     errors: tuple[type[BaseException], ...] = (),
 ) -> int:
     """Runs ``run(argv)``; UsageError and ``errors`` become ``prog: error: ...`` and exit 2."""
+    caught: tuple[type[BaseException], ...] = (UsageError, *errors)
     try:
         return run(argv)
-    except (UsageError, *errors) as e:
+    except caught as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
