@@ -123,7 +123,7 @@ def algo_config(
     from rllib_amp.algorithms import algorithm
 
     cfg = algorithm(algo).config_class()
-    cfg.environment(envs.AtariEnv, env_config={"id": ENV_ID})
+    envs.configure_env(cfg, ENV_ID, {})
     cfg.env_runners(num_env_runners=0)
     cfg.rl_module(model_config=models.model_config(model, image=True))
     cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)

@@ -71,6 +71,20 @@ class AtariEnv(gym.Wrapper):
         super().__init__(env)
 
 
+def configure_env(config: Any, env_id: str, env_config: dict[str, Any] | None) -> None:
+    """Sets ``config`` (an AlgorithmConfig) to sample ``env_id``; the one place that does.
+
+    Example:
+        >>> from ray.rllib.algorithms.ppo import PPOConfig
+        >>> cfg = PPOConfig()
+        >>> configure_env(cfg, "CartPole-v1", {})
+        >>> cfg.env
+        'CartPole-v1'
+    """
+    env, kwargs = env_for_rllib(env_id, env_config)
+    config.environment(env=env, env_config=kwargs)
+
+
 def env_for_rllib(env_id: str, env_config: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
     """What to pass to ``AlgorithmConfig.environment(env=..., env_config=...)``."""
     env_config = dict(env_config or {})

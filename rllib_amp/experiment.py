@@ -235,8 +235,7 @@ class Experiment:
             _set_dotted(d, key, domain, self.path)
         cls = algorithm_config_class(d["algorithm"])
         config = cls()
-        env, env_config = envs.env_for_rllib(d["env"], d["env_config"])
-        config.environment(env=env, env_config=env_config)
+        envs.configure_env(config, d["env"], d["env_config"])
         if d["training"]:
             config.training(**d["training"])
         by_method: dict[str, dict[str, Any]] = {}
