@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +30,14 @@ DTypeT = Literal["auto", "float16", "bfloat16"]
 DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
 INFERENCE_DTYPES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16")
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
+_FLOAT_FIELDS = ("init_scale", "growth_factor", "backoff_factor", "skip_warning_fraction")
+_INT_FIELDS = ("growth_interval", "skip_warning_updates")
+# GradScaler keeps the scale in a float32 tensor and the growth tracker in an int32 one.
+FLOAT32_MAX = 3.4028234663852886e38
+INT32_MAX = 2**31 - 1
+# Below this a float16 loss times the scale underflows to zero for any ordinary loss, and
+# every step would be skipped or learn nothing (2**-24 is float16's smallest subnormal).
+MIN_INIT_SCALE = 2.0**-24
 
 
 # Where the settings live inside an RLlib AlgorithmConfig: learner_config_dict[AMP_CONFIG_KEY].
@@ -75,7 +84,9 @@ class AmpSettings:
     tune_cpu_malloc: bool = True
 
     def __post_init__(self) -> None:
-        # Validate even when constructed directly, so no invalid AmpSettings can exist.
+        # Normalise and validate even when constructed directly, so that the same spellings
+        # work everywhere (YAML, with_amp, Tune) and no invalid AmpSettings can exist.
+        _normalise(self)
         _validate(self)
 
     @classmethod
@@ -111,18 +122,6 @@ class AmpSettings:
             kwargs[key] = value
         if "enabled" in kwargs and kwargs["enabled"] is None:
             kwargs["enabled"] = "auto"
-        for key in ("dtype", "inference_dtype"):
-            if isinstance(kwargs.get(key), str):
-                kwargs[key] = _DTYPE_ALIASES.get(kwargs[key], kwargs[key])
-        for key in ("init_scale", "growth_factor", "backoff_factor", "skip_warning_fraction"):
-            if key in kwargs and is_number(kwargs[key]):
-                kwargs[key] = float(kwargs[key])
-        if (
-            "growth_interval" in kwargs
-            and isinstance(kwargs["growth_interval"], float)
-            and kwargs["growth_interval"].is_integer()
-        ):
-            kwargs["growth_interval"] = int(kwargs["growth_interval"])
         try:
             return cls(**kwargs)
         except ValueError as e:
@@ -138,42 +137,99 @@ class AmpSettings:
         return AmpSettings.from_dict(merged)
 
 
+def _short(value: Any) -> str:
+    """repr, but a 300-digit integer is shown by its size."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:8]}... ({len(text)} digits)"
+
+
+def _normalise(s: AmpSettings) -> None:
+    """Same spellings everywhere: dtype aliases, numpy scalars, whole floats for integers."""
+
+    def put(key: str, value: Any) -> None:
+        object.__setattr__(s, key, value)
+
+    for key in ("dtype", "inference_dtype"):
+        value = getattr(s, key)
+        if isinstance(value, str):
+            put(key, _DTYPE_ALIASES.get(value.lower(), value.lower()))
+    for key in ("enabled", "tune_cpu_malloc"):
+        value = getattr(s, key)
+        if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+            put(key, bool(value))
+    for key in _FLOAT_FIELDS:
+        value = getattr(s, key)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            try:
+                put(key, float(value))
+            except OverflowError:  # an int beyond float64 (2**1024): the range check says so
+                put(key, int(value))  # type: ignore[call-overload]
+    for key in _INT_FIELDS:
+        value = getattr(s, key)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            put(key, int(value))
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            as_float = float(value)
+            if as_float.is_integer():
+                put(key, int(as_float))
+
+
 def _validate(s: AmpSettings) -> None:
     # Messages start with the key so callers can prefix where the key came from.
     if not (s.enabled == "auto" or isinstance(s.enabled, bool)):
-        raise ValueError(f"enabled: got {s.enabled!r}; allowed: 'auto' (or null), true, false")
+        raise ValueError(
+            f"enabled: got {_short(s.enabled)}; allowed: 'auto' (or null), true, false"
+        )
     if s.dtype not in DTYPES:
-        raise ValueError(f"dtype: got {s.dtype!r}; allowed: {', '.join(DTYPES)}")
+        raise ValueError(f"dtype: got {_short(s.dtype)}; allowed: {', '.join(DTYPES)}")
     if s.inference_dtype not in INFERENCE_DTYPES:
         raise ValueError(
-            f"inference_dtype: got {s.inference_dtype!r}; allowed: {', '.join(INFERENCE_DTYPES)}"
+            f"inference_dtype: got {_short(s.inference_dtype)}; "
+            f"allowed: {', '.join(INFERENCE_DTYPES)}"
         )
     for key in ("init_scale", "growth_factor", "backoff_factor"):
         v = getattr(s, key)
-        if not is_number(v) or not math.isfinite(v):
-            raise ValueError(f"{key}: got {v!r}; expected a finite number")
+        if not is_number(v) or not (isinstance(v, int) or math.isfinite(v)):
+            raise ValueError(f"{key}: got {_short(v)}; expected a finite number")
     if s.init_scale <= 0:
-        raise ValueError(f"init_scale: got {s.init_scale!r}; must be > 0 (the default is 65536.0)")
+        raise ValueError(
+            f"init_scale: got {_short(s.init_scale)}; must be > 0 (the default is 65536.0)"
+        )
+    if not MIN_INIT_SCALE <= s.init_scale <= FLOAT32_MAX:
+        raise ValueError(
+            f"init_scale: got {_short(s.init_scale)}; must be within [{MIN_INIT_SCALE:g}, "
+            f"{FLOAT32_MAX:g}] (a float32 scale that can still scale a float16 loss); "
+            f"the default is 65536.0"
+        )
+    if s.growth_factor > 2.0**16:
+        raise ValueError(
+            f"growth_factor: got {_short(s.growth_factor)}; must be <= 65536 (one growth step must "
+            f"not jump past float16's range); the default is 2.0"
+        )
     if s.growth_factor <= 1:
         raise ValueError(
-            f"growth_factor: got {s.growth_factor!r}; must be > 1 (the default is 2.0)"
+            f"growth_factor: got {_short(s.growth_factor)}; must be > 1 (the default is 2.0)"
         )
     if not 0 < s.backoff_factor < 1:
         raise ValueError(
-            f"backoff_factor: got {s.backoff_factor!r}; must be in (0, 1) (the default is 0.5)"
+            f"backoff_factor: got {_short(s.backoff_factor)}; must be in (0, 1) "
+            f"(the default is 0.5)"
         )
     swf = s.skip_warning_fraction
     if not is_number(swf) or not 0 <= swf <= 1:
-        raise ValueError(f"skip_warning_fraction: got {swf!r}; must be a number in [0, 1]")
+        raise ValueError(f"skip_warning_fraction: got {_short(swf)}; must be a number in [0, 1]")
     swu = s.skip_warning_updates
-    if not isinstance(swu, int) or isinstance(swu, bool) or swu < 1:
-        raise ValueError(f"skip_warning_updates: got {swu!r}; must be an integer >= 1")
-    if not isinstance(s.tune_cpu_malloc, bool):
-        raise ValueError(f"tune_cpu_malloc: got {s.tune_cpu_malloc!r}; allowed: true, false")
-    gi = s.growth_interval
-    if not isinstance(gi, int) or isinstance(gi, bool) or gi < 1:
+    if not isinstance(swu, int) or isinstance(swu, bool) or not 1 <= swu <= INT32_MAX:
         raise ValueError(
-            f"growth_interval: got {gi!r}; must be an integer >= 1 (the default is 2000)"
+            f"skip_warning_updates: got {_short(swu)}; must be an integer in [1, {INT32_MAX}]"
+        )
+    if not isinstance(s.tune_cpu_malloc, bool):
+        raise ValueError(f"tune_cpu_malloc: got {_short(s.tune_cpu_malloc)}; allowed: true, false")
+    gi = s.growth_interval
+    if not isinstance(gi, int) or isinstance(gi, bool) or not 1 <= gi <= INT32_MAX:
+        raise ValueError(
+            f"growth_interval: got {_short(gi)}; must be an integer in [1, {INT32_MAX}] "
+            f"(GradScaler counts in int32); the default is 2000"
         )
 
 

@@ -46,7 +46,10 @@ def test_multi_agent_config_gets_the_multi_agent_env_runner():
 
 
 def test_other_algorithms_are_refused_with_the_supported_list():
-    with pytest.raises(ValueError, match=r"SACConfig is not supported; supported algorithms: PPO \(PPOConfig\), DQN"):
+    with pytest.raises(
+        ValueError,
+        match=r"SACConfig is not supported; supported algorithms: PPO \(PPOConfig\), DQN",
+    ):
         with_amp(SACConfig())
 
 
