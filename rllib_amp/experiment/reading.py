@@ -67,7 +67,12 @@ def read_file(path: str) -> Any:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """``"amp.init_scale=1024"`` -> ``("amp.init_scale", 1024)`` (values parsed as YAML)."""
+    """A ``--set`` item -> (dotted key, value); the value is read as YAML.
+
+    Example:
+        >>> parse_override("search.seed={grid: [0, 1]}")
+        ('search.seed', {'grid': [0, 1]})
+    """
     if "=" not in item:
         raise ExperimentError(
             f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. amp.init_scale=1024"
