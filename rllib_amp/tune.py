@@ -302,8 +302,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"# experiment {exp.path} -> {exp_dir}")
         print(yaml.safe_dump(exp.resolved(), sort_keys=False).rstrip())
         print("# search space")
-        for key, spec in exp.search.items():
-            print(f"{key}: {spec}")
+        for key, sampler in exp.search.items():
+            print(f"{key}: {sampler.to_dict()}")
         print(f"# trials: {_count_trials(exp, args.num_samples)}")
         return 0
 
@@ -347,10 +347,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def _count_trials(exp: Any, num_samples: int | None) -> int:
     n = num_samples or exp.tune["num_samples"]
-    for spec in exp.search.values():
-        ((kind, arg),) = spec.items()
-        if kind == "grid":
-            n *= len(arg)
+    for sampler in exp.search.values():
+        n *= sampler.grid_size()
     return n
 
 

@@ -10,6 +10,7 @@ import pytest
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 
+from rllib_amp import envs
 from rllib_amp import experiment as E
 from rllib_amp.settings import AMP_CONFIG_KEY, settings_from_config
 
@@ -210,3 +211,173 @@ def test_bad_input_gets_one_clear_error_naming_file_and_key(tmp_path, desc, text
 
 def test_experiment_error_is_a_value_error():
     assert issubclass(E.ExperimentError, ValueError)
+
+
+# -- search specs ------------------------------------------------------------------------------
+SAMPLER_CASES = [
+    # (spec, edges, grid size)
+    ({"grid": [256.0, 1024.0, 65536.0]}, [256.0, 1024.0, 65536.0], 3),
+    ({"choice": [10, 100]}, [10, 100], 1),
+    ({"loguniform": [1e-5, 1e-3]}, [1e-5, 1e-3], 1),
+    ({"uniform": [0.9, 0.99]}, [0.9, 0.99], 1),
+    ({"randint": [1, 5]}, [1, 4], 1),  # Tune's randint excludes hi
+]
+
+
+@pytest.mark.parametrize(
+    "spec, edges, size", SAMPLER_CASES, ids=[next(iter(c[0])) for c in SAMPLER_CASES]
+)
+def test_sampler_edges_and_grid_size(spec, edges, size):
+    s = E.Sampler.parse(spec)
+    assert s.edges() == edges
+    assert s.grid_size() == size
+    assert E.Sampler.parse(s.to_dict()) == s
+
+
+def test_sampler_to_tune_gives_tune_domains_with_the_bounds():
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    assert E.Sampler.parse({"grid": [1, 2]}).to_tune() == {"grid_search": [1, 2]}
+    choice = E.Sampler.parse({"choice": ["a", "b"]}).to_tune()
+    assert isinstance(choice, Categorical) and choice.categories == ["a", "b"]
+    log = E.Sampler.parse({"loguniform": [1e-5, 1e-3]}).to_tune()
+    assert isinstance(log, Float) and (log.lower, log.upper) == (1e-5, 1e-3)
+    assert all(1e-5 <= log.sample() <= 1e-3 for _ in range(20))
+    ints = E.Sampler.parse({"randint": [1, 3]}).to_tune()
+    assert isinstance(ints, Integer) and {ints.sample() for _ in range(50)} <= {1, 2}
+
+
+def test_sampler_owns_its_values():
+    hiddens = [[16], [32]]
+    s = E.Sampler.parse({"grid": hiddens})
+    hiddens[0].append(99)
+    s.to_tune()["grid_search"][1].append(7)
+    assert s.edges() == [[16], [32]]
+
+
+BAD_SAMPLERS = [
+    ({"grid": []}, "grid needs a non-empty list of values"),
+    ({"choice": 3}, "choice needs a non-empty list"),
+    ({"uniform": [1]}, "uniform needs [lo, hi] (two finite numbers)"),
+    ({"uniform": [0, float("inf")]}, "uniform needs [lo, hi] (two finite numbers)"),
+    ({"uniform": [True, 2]}, "uniform needs [lo, hi]"),
+    ({"uniform": [2, 1]}, "uniform needs lo < hi, got [2, 1]"),
+    ({"loguniform": [0, 1]}, "loguniform needs lo > 0"),
+    ({"randint": [0.5, 3]}, "randint needs integer bounds"),
+    ({"randint": [-(2**64), 0]}, "randint needs bounds within 64-bit integers"),
+    ({"uniform": [-1.7e308, 1.7e308]}, "uniform needs hi - lo to be a finite number"),
+    ({"choise": [1]}, "unknown sampler 'choise' (did you mean 'choice'?)"),
+    ({"grid": [1], "choice": [2]}, "expected one sampler"),
+    ([1, 2], "expected one sampler"),
+]
+
+
+@pytest.mark.parametrize("spec, fragment", BAD_SAMPLERS, ids=[repr(b[0]) for b in BAD_SAMPLERS])
+def test_bad_sampler_specs_say_what_is_allowed(spec, fragment):
+    with pytest.raises(ValueError) as e:
+        E.Sampler.parse(spec)
+    assert fragment in str(e.value)
+
+
+def _exp(**sections):
+    base = {"algorithm": "PPO", "env": "CartPole-v1", "stop": {"training_iteration": 1}}
+    return E.Experiment(E.validate({**base, **sections}, "<t>"), "<t>")
+
+
+def test_searched_values_are_checked_by_their_section_only(monkeypatch):
+    calls = []
+    real = envs.check_env_id
+    monkeypatch.setattr(envs, "check_env_id", lambda env_id: calls.append(env_id) or real(env_id))
+    _exp(
+        search={
+            "amp.init_scale": {"grid": [2.0**k for k in range(1, 17)]},
+            "training.lr": {"loguniform": [1e-5, 1e-2]},
+            "seed": {"grid": list(range(10))},
+        }
+    )
+    assert calls == ["CartPole-v1"]  # the env is checked once, not once per searched value
+
+
+def test_a_bad_searched_value_names_the_value_and_the_search_key():
+    with pytest.raises(E.ExperimentError) as e:
+        _exp(search={"amp.growth_interval": {"choice": [10, 0]}})
+    assert "amp.growth_interval: got 0" in str(e.value)
+    assert "(value 0 of search.amp.growth_interval)" in str(e.value)
+    with pytest.raises(E.ExperimentError, match=r"seed: got -1; must be >= 0"):
+        _exp(search={"seed": {"randint": [-1, 3]}})
+    with pytest.raises(E.ExperimentError, match="model.batchnorm: BatchNorm goes after conv"):
+        _exp(model={"batchnorm": True}, search={"model.fcnet_hiddens": {"grid": [[8]]}})
+
+
+def test_randint_is_checked_at_its_largest_reachable_value():
+    ok = _exp(
+        training={"train_batch_size_per_learner": 200},
+        search={"training.minibatch_size": {"randint": [50, 201]}},
+    )
+    assert ok.search["training.minibatch_size"].edges() == [50, 200]
+    with pytest.raises(E.ExperimentError, match="minibatch_size: 201 is larger"):
+        _exp(
+            training={"train_batch_size_per_learner": 200},
+            search={"training.minibatch_size": {"randint": [50, 202]}},
+        )
+
+
+UNSEARCHABLE = [
+    ("model.preset", {"grid": ["mini", "full"]}, "search the preset's settings instead"),
+    ("model.batchnorm", {"grid": [True, False]}, "it picks the module class"),
+    ("amp", {"grid": [{"init_scale": 1.0}]}, "name one key of 'amp', e.g. search.amp.<key>"),
+    ("seed.x", {"grid": [1]}, "name one key of 'seed', e.g. search.seed"),
+    ("training.", {"grid": [1]}, "name one key of 'training'"),
+    ("stop.training_iteration", {"grid": [1]}, "'stop' cannot be searched"),
+]
+
+
+@pytest.mark.parametrize("key, spec, fragment", UNSEARCHABLE, ids=[u[0] for u in UNSEARCHABLE])
+def test_keys_that_cannot_become_samplers_are_refused(key, spec, fragment):
+    with pytest.raises(E.ExperimentError) as e:
+        _exp(search={key: spec})
+    assert str(e.value).startswith(f"<t>: search.{key}: ")
+    assert fragment in str(e.value)
+
+
+def test_searched_seed_env_config_and_model_keys_reach_the_param_space():
+    exp = _exp(
+        model="mini",
+        search={
+            "seed": {"grid": [0, 1, 2]},
+            "env_config.max_episode_steps": {"choice": [100, 200]},
+            "model.fcnet_hiddens": {"grid": [[16], [32, 32]]},
+        },
+    )
+    cfg = exp.tune_param_space()
+    assert cfg.seed == {"grid_search": [0, 1, 2]}
+    assert cfg.env_config["max_episode_steps"].categories == [100, 200]
+    assert cfg.model_config["fcnet_hiddens"] == {"grid_search": [[16], [32, 32]]}
+    assert cfg.model_config["fcnet_activation"] == "tanh"  # the rest of the preset stays
+    plain = exp.algorithm_config()
+    assert plain.seed is None and plain.model_config["fcnet_hiddens"] == [64, 64]
+
+
+def test_tune_domains_written_inside_a_section_are_refused():
+    # Samplers go in `search`, where they are checked; a raw Tune dict in a section is a value.
+    with pytest.raises(E.ExperimentError, match=r"training\.lr: got \{'grid_search'"):
+        _exp(training={"lr": {"grid_search": [1e-3, 1e-4]}})
+
+
+def test_search_entries_can_be_overridden_by_their_dotted_key(tmp_path):
+    path = write(tmp_path, GOOD)
+    exp = E.load(path, overrides=["search.amp.init_scale={grid: [8.0, 16.0, 32.0]}"])
+    assert exp.search["amp.init_scale"].edges() == [8.0, 16.0, 32.0]
+    assert set(exp.search) == set(E.load(path).search)
+    with pytest.raises(E.ExperimentError, match=r"search\.amp\.init_scale: grid needs"):
+        E.load(path, overrides=["search.amp.init_scale={grid: []}"])
+
+
+def test_resolved_is_plain_data_that_validates_to_the_same_experiment(tmp_path):
+    import yaml
+
+    exp = E.load(write(tmp_path, GOOD))
+    plain = exp.resolved()
+    assert plain["search"]["amp.init_scale"] == {"grid": [256.0, 65536.0]}
+    assert yaml.safe_load(yaml.safe_dump(plain)) == plain
+    assert E.validate(plain, exp.path) == exp.data

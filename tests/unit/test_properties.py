@@ -76,7 +76,11 @@ PATHS = [
 ]
 SAMPLER = st.dictionaries(
     st.sampled_from(["grid", "choice", "loguniform", "uniform", "randint", "nope"]),
-    st.one_of(ANY, st.lists(st.floats(allow_nan=False), max_size=3)),
+    st.one_of(
+        ANY,
+        st.lists(st.floats(allow_nan=False), max_size=3),
+        st.lists(st.integers(), min_size=2, max_size=2),
+    ),
     min_size=0,
     max_size=2,
 )
@@ -96,6 +100,27 @@ def test_experiment_loader_accepts_valid_or_raises_value_error(mutations):
     except ValueError as e:
         assert str(e).startswith("<prop>"), str(e)
         return
-    # Accepted: it builds an RLlib config and a Tune search space.
+    # Accepted: it builds an RLlib config and a Tune search space, and its plain form
+    # validates back to the same experiment.
     exp.algorithm_config()
     exp.tune_param_space()
+    assert E.validate(exp.resolved(), "<prop>") == exp.data
+
+
+@settings(max_examples=400, deadline=None)
+@given(SAMPLER)
+def test_sampler_parses_once_into_something_tune_can_sample_or_raises_value_error(spec):
+    try:
+        s = E.Sampler.parse(spec)
+    except ValueError:
+        return
+    edges = s.edges()
+    assert edges and s.grid_size() >= 1
+    assert E.Sampler.parse(s.to_dict()) == s
+    domain = s.to_tune()
+    if s.kind == "grid":
+        assert domain == {"grid_search": edges} and s.grid_size() == len(edges)
+    elif s.kind == "choice":
+        assert domain.sample() in edges
+    else:
+        assert min(edges) <= domain.sample() <= max(edges)

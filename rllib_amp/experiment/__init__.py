@@ -1,0 +1,155 @@
+"""One YAML file -> a validated Experiment -> an RLlib AlgorithmConfig (+ a Tune search space).
+
+The package: ``reading`` (YAML -> raw mapping), ``schema`` (validation and defaults, one
+validator per section), ``sampler`` (search specs), ``builder`` (-> AlgorithmConfig + Tune
+space). The schema is strict: unknown keys are errors (with the nearest valid key suggested),
+and every error names the file, the key, the value and the fix.
+
+Example:
+    >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides=["amp.init_scale=1024"])
+    >>> exp.get("amp.init_scale")
+    1024
+    >>> config = exp.algorithm_config()  # a PPOConfig trained by rllib-amp's learner
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+from rllib_amp.experiment import builder
+from rllib_amp.experiment.reading import parse_override, read_file
+from rllib_amp.experiment.sampler import SAMPLERS, Sampler
+from rllib_amp.experiment.schema import (
+    TOP_KEYS,
+    ExperimentError,
+    algorithm_config_class,
+    validate,
+    with_override,
+)
+from rllib_amp.settings import AmpSettings
+
+__all__ = [
+    "SAMPLERS",
+    "TOP_KEYS",
+    "Experiment",
+    "ExperimentError",
+    "Sampler",
+    "algorithm_config_class",
+    "load",
+    "parse_override",
+    "validate",
+]
+
+
+def _section_copy(section: str, holds: str = "its normalised keys") -> Any:
+    """A read-only property giving a copy of one section, so callers may change what they get."""
+    return property(
+        lambda self: dict(self.data[section]), doc=f"A copy of the '{section}' section: {holds}."
+    )
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A validated experiment file. Build RLlib configs with ``algorithm_config()``.
+
+    Attributes:
+        data: The normalised content (``schema.validate``'s result: defaults filled in,
+            ``model`` always a mapping, ``search`` dotted key -> Sampler).
+        path: Where it was read from (for messages), or "<dict>".
+    """
+
+    data: dict[str, Any]
+    path: str = "<dict>"
+
+    # -- access ---------------------------------------------------------------------------
+    @property
+    def algorithm(self) -> str:
+        return str(self.data["algorithm"])
+
+    @property
+    def env(self) -> str:
+        return str(self.data["env"])
+
+    @property
+    def name(self) -> str:
+        """The file's name without extension: the default Tune experiment name."""
+        if self.path == "<dict>":
+            return "experiment"
+        return os.path.splitext(os.path.basename(self.path))[0]
+
+    tune = _section_copy("tune")
+    stop = _section_copy("stop")
+    checkpoint = _section_copy("checkpoint")
+    search = _section_copy("search", "dotted key -> Sampler, in file order")
+
+    @property
+    def amp_settings(self) -> AmpSettings:
+        return AmpSettings.from_dict(self.data["amp"])
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        """The value at a dotted key, e.g. ``exp.get("amp.init_scale")``."""
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    # -- derived experiments ----------------------------------------------------------------
+    def with_overrides(self, overrides: Mapping[str, Any] | Iterable[str] | None) -> Experiment:
+        """A new, validated Experiment with dotted-key overrides applied.
+
+        Example:
+            >>> exp.with_overrides({"search.seed": {"grid": [0, 1, 2]}}).search["seed"].grid_size()
+            3
+        """
+        if not overrides:
+            return self
+        items = (
+            list(overrides.items())
+            if isinstance(overrides, Mapping)
+            else [parse_override(o) for o in overrides]
+        )
+        data = self.resolved()
+        for key, value in items:
+            data = with_override(data, key, value, self.path)
+        return Experiment(validate(data, self.path), self.path)
+
+    # -- RLlib and Tune ---------------------------------------------------------------------
+    def algorithm_config(self) -> AlgorithmConfig:
+        """The RLlib AlgorithmConfig for this experiment, built with builder methods."""
+        return builder.algorithm_config(self.data)
+
+    def param_space(self) -> dict[str, Any]:
+        """The Tune search space: dotted key -> Tune Domain (or grid_search dict)."""
+        return builder.param_space(self.data["search"])
+
+    def tune_param_space(self) -> AlgorithmConfig:
+        """``algorithm_config`` with the search space placed at its keys."""
+        return builder.algorithm_config(self.data, searched=self.param_space())
+
+    def resolved(self) -> dict[str, Any]:
+        """The full normalised experiment as plain data (for --dry-run and overrides)."""
+        out = {k: copy.deepcopy(v) for k, v in self.data.items() if k != "search"}
+        out["search"] = {k: s.to_dict() for k, s in self.data["search"].items()}
+        return out
+
+
+def load(
+    path: str | os.PathLike[str], overrides: Mapping[str, Any] | Iterable[str] | None = None
+) -> Experiment:
+    """Reads, validates and returns the experiment in ``path``, with dotted overrides.
+
+    Example:
+        >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides={"seed": 3})
+        >>> exp.get("seed")
+        3
+    """
+    path = os.fspath(path)
+    return Experiment(validate(read_file(path), path), path).with_overrides(overrides)

@@ -1,0 +1,93 @@
+"""A validated experiment -> an RLlib AlgorithmConfig (builder methods only) and a Tune space.
+
+Config flows one way, through RLlib's builder methods; never ``update_from_dict`` (it accepts
+typos silently). AMP settings reach the config only through ``settings.store_in_config``.
+
+Example:
+    >>> from rllib_amp.experiment.schema import validate
+    >>> data = validate({"algorithm": "PPO", "env": "CartPole-v1", "stop": {"time_total_s": 9}})
+    >>> type(algorithm_config(data)).__name__
+    'PPOConfig'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from rllib_amp import envs, models
+from rllib_amp.algorithms import algorithm
+from rllib_amp.api import with_amp
+from rllib_amp.experiment.sampler import Sampler
+from rllib_amp.experiment.schema import RESOURCES, with_dotted
+from rllib_amp.metrics import tag_learners_with_trial
+from rllib_amp.settings import AmpSettings, store_in_config
+
+
+def param_space(search: Mapping[str, Sampler]) -> dict[str, Any]:
+    """The Tune search space: dotted key -> Tune Domain (or ``grid_search`` dict).
+
+    Example:
+        >>> param_space({"seed": Sampler.parse({"grid": [0, 1]})})
+        {'seed': {'grid_search': [0, 1]}}
+    """
+    return {key: sampler.to_tune() for key, sampler in search.items()}
+
+
+def algorithm_config(
+    data: Mapping[str, Any], searched: Mapping[str, Any] | None = None
+) -> AlgorithmConfig:
+    """The AlgorithmConfig for validated experiment ``data`` (``schema.validate``'s result).
+
+    ``searched`` (dotted key -> Tune Domain, from ``param_space``) puts samplers at their keys,
+    so that the config can serve as a Tune ``param_space``; Tune replaces them with values
+    before a trial builds its algorithm.
+    """
+    d = dict(data)
+    amp_searched: dict[str, Any] = {}
+    for key, domain in (searched or {}).items():
+        top, _, field = key.partition(".")
+        if top == "amp":
+            amp_searched[field] = domain
+        else:
+            d = with_dotted(d, key.split("."), domain, key, "search")
+    config = algorithm(d["algorithm"]).config_class()
+    envs.configure_env(config, d["env"], d["env_config"])
+    if d["training"]:
+        config.training(**d["training"])
+    by_method: dict[str, dict[str, Any]] = {}
+    for key, value in d["resources"].items():
+        by_method.setdefault(RESOURCES[key][0], {})[key] = value
+    if by_method.get("env_runners"):
+        config.env_runners(**by_method["env_runners"])
+    if by_method.get("learners"):
+        config.learners(**by_method["learners"])
+    _set_model(config, d)
+    if d["seed"] is not None:
+        config.debugging(seed=d["seed"])
+    # Tag the learners' Ray metrics (dashboard / Prometheus) with the Tune trial.
+    config.callbacks(on_algorithm_init=tag_learners_with_trial)
+    settings = AmpSettings.from_dict(d["amp"], where="amp")
+    with_amp(config, settings)
+    if amp_searched:
+        store_in_config(config, settings, searched=amp_searched)
+    return config
+
+
+def _set_model(config: AlgorithmConfig, d: Mapping[str, Any]) -> None:
+    model = dict(d["model"])
+    preset = model.pop("preset", None)
+    batchnorm = model.pop("batchnorm", False)
+    image = envs.is_atari(d["env"])
+    model_cfg = models.model_config(preset, image=image, overrides=model) if preset else model
+    config.rl_module(model_config=model_cfg)
+    if batchnorm:
+        config.rl_module(
+            rl_module_spec=RLModuleSpec(
+                module_class=algorithm(d["algorithm"]).batchnorm_module,
+                model_config=model_cfg,
+            )
+        )

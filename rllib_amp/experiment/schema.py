@@ -1,0 +1,416 @@
+"""The experiment schema: one validator per top-level section, defaults, dotted keys.
+
+``validate`` runs the ``SECTIONS`` table in order; each validator gets its section's raw value
+and the sections checked before it (``training`` needs the algorithm, ``model`` the env), and
+returns the normalised section. A searched key's values are checked by its section's
+validator alone. Every error names the file, the key, the value and the fix.
+
+Example:
+    >>> data = validate({"algorithm": "ppo", "env": "CartPole-v1", "stop": {"time_total_s": 9}})
+    >>> data["algorithm"], data["tune"]["mode"]
+    ('PPO', 'max')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+from rllib_amp import envs, models
+from rllib_amp.algorithms import ALGORITHMS, algorithm
+from rllib_amp.checks import is_number, suggest
+from rllib_amp.experiment.sampler import Sampler
+from rllib_amp.settings import AmpSettings
+
+
+class ExperimentError(ValueError):
+    """Bad experiment input: the message names the file, the key, the value and the fix."""
+
+
+EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
+SCHEDULERS = ("fifo", "asha")
+# resources key -> (builder method, allowed python types, minimum)
+RESOURCES: dict[str, tuple[str, tuple[type, ...], float]] = {
+    "num_env_runners": ("env_runners", (int,), 0),
+    "num_envs_per_env_runner": ("env_runners", (int,), 1),
+    "num_cpus_per_env_runner": ("env_runners", (int, float), 0),
+    "num_gpus_per_env_runner": ("env_runners", (int, float), 0),
+    "num_learners": ("learners", (int,), 0),
+    "num_cpus_per_learner": ("learners", (int, float), 0),
+    "num_gpus_per_learner": ("learners", (int, float), 0),
+}
+TUNE_DEFAULTS: dict[str, Any] = {
+    "metric": "env_runners/episode_return_mean",
+    "mode": "max",
+    "num_samples": 1,
+    "scheduler": "fifo",
+    "max_concurrent_trials": None,
+    "max_failures": 2,
+}
+CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
+# Numeric training keys checked here (RLlib checks the rest when the config is built).
+TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
+    "lr": ((int, float), 0.0, None),
+    "gamma": ((int, float), 0.0, 1.0),
+    "train_batch_size_per_learner": ((int,), 1, None),
+    "minibatch_size": ((int,), 1, None),
+    "num_epochs": ((int,), 1, None),
+    "grad_clip": ((int, float), 0.0, None),
+}
+MODEL_KEYS = ("preset", "batchnorm", *(f.name for f in dataclasses.fields(DefaultModelConfig)))
+# Sections whose keys may be searched; "seed" is searched whole.
+SEARCHABLE = ("amp", "training", "resources", "env_config", "model", "seed")
+# A preset expands into several model settings and BatchNorm picks the module class: neither
+# can become a Tune sampler inside one config.
+NOT_SEARCHABLE = {
+    "model.preset": "search the preset's settings instead, e.g. model.fcnet_hiddens",
+    "model.batchnorm": "it picks the module class; run one experiment with and one without",
+}
+
+
+def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
+    """RLlib's config class for an algorithm name; ExperimentError names the supported ones.
+
+    Example:
+        >>> algorithm_config_class("dqn").__name__
+        'DQNConfig'
+    """
+    try:
+        return algorithm(name).config_class
+    except ValueError as e:
+        raise ExperimentError(str(e)) from None
+
+
+# -- small checks ----------------------------------------------------------------------------
+def _err(path: str, key: str, msg: str) -> ExperimentError:
+    return ExperimentError(f"{path}: {key}: {msg}")
+
+
+def _mapping(path: str, key: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _err(path, key, f"expected a mapping, got {type(value).__name__} {value!r}")
+    return dict(value)
+
+
+def _keys(path: str, section: str, d: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    for k in d:
+        if k not in allowed:
+            raise _err(
+                path,
+                f"{section}.{k}" if section else str(k),
+                f"unknown key{suggest(str(k), allowed)}; allowed: {', '.join(allowed)}",
+            )
+
+
+def _number(
+    path: str, key: str, v: Any, types: tuple[type, ...], lo: float | None, hi: float | None = None
+) -> None:
+    ok_type = is_number(v) and (float in types or isinstance(v, int))
+    if not ok_type or (isinstance(v, float) and not math.isfinite(v)):
+        expected = "an integer" if types == (int,) else "a number"
+        raise _err(path, key, f"got {v!r}; expected {expected}")
+    if lo is not None and v < lo:
+        raise _err(path, key, f"got {v!r}; must be >= {lo}")
+    if hi is not None and v > hi:
+        raise _err(path, key, f"got {v!r}; must be <= {hi}")
+
+
+@functools.cache
+def _training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
+    """The keyword arguments of ``cls.training`` and its parents' (RLlib's own schema)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        fn = vars(klass).get("training")
+        if fn is None:
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            if p.name != "self" and p.kind is not p.VAR_KEYWORD and p.name not in names:
+                names.append(p.name)
+    return tuple(names)
+
+
+# -- one validator per section: (raw value, sections checked so far, path) -> normalised ------
+def _required_name(section: str, value: Any, path: str) -> None:
+    if value in (None, ""):
+        raise _err(path, section, f"missing; add e.g. '{section}: {EXAMPLES[section]}'")
+
+
+def _algorithm(value: Any, exp: Mapping[str, Any], path: str) -> str:
+    _required_name("algorithm", value, path)
+    if not isinstance(value, str):
+        raise _err(path, "algorithm", f"got {value!r}; allowed: {', '.join(ALGORITHMS)}")
+    try:
+        return algorithm(value).name
+    except ValueError as e:
+        raise ExperimentError(f"{path}: {e}") from None
+
+
+def _env(value: Any, exp: Mapping[str, Any], path: str) -> str:
+    _required_name("env", value, path)
+    if not isinstance(value, str):
+        raise _err(path, "env", f"got {value!r}; expected a gymnasium id such as 'CartPole-v1'")
+    try:
+        envs.check_env_id(value)
+    except ValueError as e:
+        raise ExperimentError(f"{path}: {e}") from None
+    return value
+
+
+def _env_config(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    return _mapping(path, "env_config", value)
+
+
+def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """A preset name, or a mapping of preset / batchnorm / RLlib DefaultModelConfig fields."""
+    model = _mapping(path, "model", {"preset": value} if isinstance(value, str) else value)
+    _keys(path, "model", model, MODEL_KEYS)
+    if "preset" in model and model["preset"] not in models.PRESETS:
+        raise _err(
+            path,
+            "model.preset",
+            f"unknown preset {model['preset']!r}{suggest(str(model['preset']), models.PRESETS)}; "
+            f"allowed: {', '.join(models.PRESETS)}",
+        )
+    if "batchnorm" in model and not isinstance(model["batchnorm"], bool):
+        raise _err(path, "model.batchnorm", f"got {model['batchnorm']!r}; expected true or false")
+    if model.get("batchnorm") and not envs.is_atari(exp["env"]) and "conv_filters" not in model:
+        raise _err(
+            path,
+            "model.batchnorm",
+            "BatchNorm goes after conv layers, and this env has vector input; drop it or "
+            "use an image env such as ALE/Pong-v5",
+        )
+    return model
+
+
+def _amp(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    amp = _mapping(path, "amp", value)
+    try:
+        AmpSettings.from_dict(amp, where="amp")
+    except ValueError as e:
+        raise ExperimentError(f"{path}: {e}") from None
+    return amp
+
+
+def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    training = _mapping(path, "training", value)
+    _keys(path, "training", training, _training_keys(algorithm(exp["algorithm"]).config_class))
+    for k, (types, lo, hi) in TRAINING_NUMBERS.items():
+        if training.get(k) is not None:
+            _number(path, f"training.{k}", training[k], types, lo, hi)
+    return training
+
+
+def _resources(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    resources = _mapping(path, "resources", value)
+    _keys(path, "resources", resources, RESOURCES)
+    for k, v in resources.items():
+        _number(path, f"resources.{k}", v, RESOURCES[k][1], RESOURCES[k][2])
+    return resources
+
+
+def _tune(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    given = _mapping(path, "tune", value)
+    _keys(path, "tune", given, TUNE_DEFAULTS)
+    t = {**TUNE_DEFAULTS, **given}
+    if not isinstance(t["metric"], str) or not t["metric"]:
+        raise _err(path, "tune.metric", f"got {t['metric']!r}; expected a result key")
+    if t["mode"] not in ("max", "min"):
+        raise _err(path, "tune.mode", f"got {t['mode']!r}; allowed: max, min")
+    if t["scheduler"] not in SCHEDULERS:
+        raise _err(
+            path, "tune.scheduler", f"got {t['scheduler']!r}; allowed: {', '.join(SCHEDULERS)}"
+        )
+    _number(path, "tune.num_samples", t["num_samples"], (int,), 1)
+    _number(path, "tune.max_failures", t["max_failures"], (int,), 0)
+    if t["max_concurrent_trials"] is not None:
+        _number(path, "tune.max_concurrent_trials", t["max_concurrent_trials"], (int,), 1)
+    return t
+
+
+def _stop(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    stop = _mapping(path, "stop", value)
+    if not stop:
+        raise _err(path, "stop", "missing or empty; add e.g. 'stop: {training_iteration: 10}'")
+    for k, v in stop.items():
+        _number(path, f"stop.{k}", v, (int, float), None)
+    return stop
+
+
+def _checkpoint(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    given = _mapping(path, "checkpoint", value)
+    _keys(path, "checkpoint", given, CHECKPOINT_DEFAULTS)
+    ckpt = {**CHECKPOINT_DEFAULTS, **given}
+    _number(path, "checkpoint.frequency", ckpt["frequency"], (int,), 0)
+    if ckpt["num_to_keep"] is not None:
+        _number(path, "checkpoint.num_to_keep", ckpt["num_to_keep"], (int,), 1)
+    if not isinstance(ckpt["at_end"], bool):
+        raise _err(path, "checkpoint.at_end", f"got {ckpt['at_end']!r}; expected true or false")
+    return ckpt
+
+
+def _seed(value: Any, exp: Mapping[str, Any], path: str) -> int | None:
+    if value is not None:
+        _number(path, "seed", value, (int,), 0)
+    return value
+
+
+def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]:
+    """Dotted key -> Sampler; each edge value is checked by the validator of its section."""
+    out: dict[str, Sampler] = {}
+    for key, spec in _mapping(path, "search", value).items():
+        key = str(key)
+        where = f"search.{key}"
+        top, *rest = key.split(".")
+        if top not in SEARCHABLE:
+            raise _err(
+                path,
+                where,
+                f"'{top}' cannot be searched{suggest(top, SEARCHABLE)}; "
+                f"searchable sections: {', '.join(SEARCHABLE)}",
+            )
+        if (not rest) != (top == "seed") or not all(rest):
+            example = "seed" if top == "seed" else f"{top}.<key>"
+            raise _err(path, where, f"name one key of '{top}', e.g. search.{example}")
+        if key in NOT_SEARCHABLE:
+            raise _err(path, where, f"cannot be searched: {NOT_SEARCHABLE[key]}")
+        try:
+            sampler = Sampler.parse(spec)
+        except ValueError as e:
+            raise _err(path, where, str(e)) from None
+        for edge in sampler.edges():
+            section = with_dotted(exp[top], rest, edge, key, path) if rest else edge
+            try:
+                SECTIONS[top](section, exp, path)
+            except ExperimentError as e:
+                raise ExperimentError(f"{e} (value {edge!r} of {where})") from None
+        out[key] = sampler
+    return out
+
+
+# In the order they run: each may read the sections above it.
+SECTIONS: dict[str, Callable[[Any, Mapping[str, Any], str], Any]] = {
+    "algorithm": _algorithm,
+    "env": _env,
+    "env_config": _env_config,
+    "model": _model,
+    "amp": _amp,
+    "training": _training,
+    "resources": _resources,
+    "tune": _tune,
+    "stop": _stop,
+    "checkpoint": _checkpoint,
+    "seed": _seed,
+    "search": _search,
+}
+TOP_KEYS = tuple(SECTIONS)
+
+
+def _batch_bounds(exp: Mapping[str, Any], key: str, default: int | None) -> tuple[Any, Any]:
+    """(smallest, largest) value ``training.key`` can take, searched or not."""
+    sampler = exp["search"].get(f"training.{key}")
+    nums = [v for v in sampler.edges() if is_number(v)] if sampler else []
+    if nums:
+        return min(nums), max(nums)
+    v = exp["training"].get(key, default)
+    return v, v
+
+
+def _check_batch_sizes(exp: Mapping[str, Any], path: str) -> None:
+    """PPO and APPO split each train batch into minibatches: no minibatch may outgrow it."""
+    if exp["algorithm"] not in ("PPO", "APPO"):
+        return
+    defaults = algorithm_config_class(exp["algorithm"])()
+    batch_lo, _ = _batch_bounds(
+        exp, "train_batch_size_per_learner", defaults.train_batch_size_per_learner
+    )
+    _, mb_hi = _batch_bounds(exp, "minibatch_size", defaults.minibatch_size)
+    if is_number(batch_lo) and is_number(mb_hi) and mb_hi > batch_lo:
+        raise _err(
+            path,
+            "training.minibatch_size",
+            f"{mb_hi} is larger than the smallest train batch "
+            f"(train_batch_size_per_learner={batch_lo}); lower minibatch_size or raise the batch",
+        )
+
+
+def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
+    """Checks and normalises an experiment mapping; raises ExperimentError.
+
+    The result has every section (defaults filled in, ``model`` a mapping, ``search`` a
+    mapping of dotted key -> Sampler).
+
+    Example:
+        >>> data = validate({"algorithm": "DQN", "env": "CartPole-v1", "stop": {"time_total_s": 9}})
+        >>> data["checkpoint"]
+        {'frequency': 1, 'num_to_keep': 2, 'at_end': True}
+    """
+    if not isinstance(raw, Mapping):
+        raise ExperimentError(
+            f"{path}: expected a mapping of experiment keys at the top level, got "
+            f"{type(raw).__name__}; start the file with e.g. 'algorithm: PPO'"
+        )
+    _keys(path, "", raw, TOP_KEYS)
+    out: dict[str, Any] = {}
+    for section, check in SECTIONS.items():
+        out[section] = check(raw.get(section), out, path)
+    _check_batch_sizes(out, path)
+    return out
+
+
+# -- dotted keys ------------------------------------------------------------------------------
+def with_dotted(
+    data: Mapping[str, Any], parts: Sequence[str], value: Any, key: str, path: str
+) -> dict[str, Any]:
+    """A copy of ``data`` with ``data[p0][p1]...`` set to ``value``; copies only that path.
+
+    Example:
+        >>> with_dotted({"amp": {"dtype": "float16"}}, ["amp", "init_scale"], 8.0, "k", "<p>")
+        {'amp': {'dtype': 'float16', 'init_scale': 8.0}}
+    """
+    out = dict(data)
+    head, *rest = parts
+    if not rest:
+        out[head] = value
+        return out
+    child = out.get(head)
+    if child is None:
+        child = {}
+    if not isinstance(child, Mapping):
+        raise _err(path, key, f"'{head}' holds {child!r}, not a mapping; set '{head}' itself")
+    out[head] = with_dotted(child, rest, value, key, path)
+    return out
+
+
+def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> dict[str, Any]:
+    """``data`` with a ``--set`` style override; ``search.<dotted key>`` sets one search entry.
+
+    The caller validates the result.
+
+    Example:
+        >>> with_override({"seed": 0}, "search.amp.init_scale", {"grid": [1, 2]}, "<p>")
+        {'seed': 0, 'search': {'amp.init_scale': {'grid': [1, 2]}}}
+    """
+    parts = str(key).split(".")
+    top = parts[0]
+    if top not in TOP_KEYS or not all(parts):
+        raise ExperimentError(
+            f"{path}: {key}: unknown key '{top}'{suggest(top, TOP_KEYS)}; dotted keys start "
+            f"with one of: {', '.join(TOP_KEYS)}"
+        )
+    if top == "search" and len(parts) > 1:
+        # Search entries are themselves dotted keys: everything after "search." is one key.
+        parts = [top, ".".join(parts[1:])]
+    if top == "model" and isinstance(data.get("model"), str):
+        data = {**data, "model": {"preset": data["model"]}}
+    return with_dotted(data, parts, value, key, path)
