@@ -30,7 +30,10 @@ def ray_local():
 
     started = False
     if not ray.is_initialized():
+        # address="local": always a fresh in-process Ray, never a cluster some other process
+        # left registered in Ray's temp folder.
         ray.init(
+            address="local",
             num_cpus=4,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

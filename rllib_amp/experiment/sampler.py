@@ -38,6 +38,13 @@ _TUNE: dict[str, Callable[[tuple[Any, ...]], Any]] = {
 }
 
 
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float64
+        return False
+
+
 @dataclass(frozen=True)
 class Sampler:
     """A validated search spec.
@@ -78,7 +85,7 @@ class Sampler:
         if not (
             isinstance(arg, list)
             and len(arg) == 2
-            and all(is_number(a) and math.isfinite(a) for a in arg)
+            and all(is_number(a) and _finite(a) for a in arg)
         ):
             raise ValueError(f"{kind} needs [lo, hi] (two finite numbers), got {arg!r}")
         lo, hi = arg
@@ -91,8 +98,11 @@ class Sampler:
         # Tune draws with numpy: 64-bit integers, and a uniform width that is a finite float.
         if kind == "randint" and not (_INT64[0] <= lo and hi - 1 <= _INT64[1]):
             raise ValueError(f"randint needs bounds within 64-bit integers, got [{lo}, {hi}]")
-        if kind == "uniform" and not math.isfinite(hi - lo):
+        if kind == "uniform" and not _finite(hi - lo):
             raise ValueError(f"uniform needs hi - lo to be a finite number, got [{lo}, {hi}]")
+        if kind in ("uniform", "loguniform"):
+            # Tune draws these with numpy floats; a Python int beyond int64 has no numpy type.
+            lo, hi = float(lo), float(hi)
         return cls(kind, (lo, hi))
 
     def edges(self) -> list[Any]:
