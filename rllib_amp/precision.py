@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ import torch
 from torch import nn
 
 from rllib_amp.settings import AmpSettings
+
+logger = logging.getLogger(__name__)
 
 # Layers whose statistics lose too much in 16 bits: they run in float32 inside autocast.
 NORM_LAYER_TYPES: tuple[type[nn.Module], ...] = (
@@ -71,12 +74,74 @@ class Precision:
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU runs bfloat16 matmuls natively (AVX512-BF16 or AMX)."""
+# /proc/cpuinfo flags of native bfloat16 matmuls: AVX512-BF16 (e.g. AMD Zen 4, Intel Cooper
+# Lake) and AMX (Intel Sapphire Rapids on; amx_bf16 needs amx_tile). Each is listed only
+# where the CPU has it, so a report can say exactly which.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
+# torch's own probes (private API, pinned in tests/unit/test_precision.py).
+TORCH_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+_probe_fallback_warned = False
+
+
+def bf16_cpu_flags(cpuinfo: str) -> tuple[str, ...]:
+    """Which of ``BF16_CPU_FLAGS`` the first ``flags`` line of a /proc/cpuinfo text lists.
+
+    Example:
+        >>> bf16_cpu_flags("flags : fpu avx512f avx512_bf16")
+        ('avx512_bf16',)
+    """
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            present = set(value.split())
+            return tuple(flag for flag in BF16_CPU_FLAGS if flag in present)
+    return ()
+
+
+def read_cpuinfo() -> str:
+    """The text of /proc/cpuinfo; empty where there is none (not Linux)."""
     try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # older torch without the probes: be conservative
-        return False
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU runs bfloat16 matmuls natively (AVX512-BF16 or AMX).
+
+    Asks torch's probes; where they are gone (they are private), reads /proc/cpuinfo
+    instead and logs one WARNING per process (no flags there means float32).
+
+    Example:
+        >>> isinstance(cpu_has_native_bf16(), bool)
+        True
+    """
+    probes = [getattr(torch.cpu, name, None) for name in TORCH_BF16_PROBES]
+    missing = tuple(name for name, probe in zip(TORCH_BF16_PROBES, probes) if not callable(probe))
+    if not missing:
+        try:
+            return any(bool(probe()) for probe in probes)  # type: ignore[misc]
+        except Exception:  # a probe that cannot answer is as good as gone
+            missing = TORCH_BF16_PROBES
+    flags = bf16_cpu_flags(read_cpuinfo())
+    _warn_probe_fallback(missing, flags)
+    return bool(flags)
+
+
+def _warn_probe_fallback(missing: tuple[str, ...], flags: tuple[str, ...]) -> None:
+    global _probe_fallback_warned
+    if _probe_fallback_warned:
+        return
+    _probe_fallback_warned = True
+    logger.warning(
+        "rllib_amp: torch %s has no working %s; precision 'auto' on CPU decides from "
+        "/proc/cpuinfo instead (native bfloat16 flags: %s). Set amp.dtype to skip the probe.",
+        torch.__version__,
+        " / ".join(f"torch.cpu.{name}" for name in missing),
+        ", ".join(flags) or "none, so float32",
+        extra={"rllib_amp_fallback": "cpu_bf16_probe", "missing": missing},
+    )
 
 
 def resolve(
@@ -138,7 +203,9 @@ def resolve(
         return Precision(torch.float32, kind, False, f"{cap_s} < 7.0 has no fast 16-bit math")
     has_bf16 = cpu_has_native_bf16() if cpu_bf16 is None else cpu_bf16
     if has_bf16:
-        return Precision(torch.bfloat16, kind, False, "CPU has native bfloat16 (AVX512-BF16/AMX)")
+        flags = bf16_cpu_flags(read_cpuinfo()) if cpu_bf16 is None else ()
+        shown = f" ({', '.join(flags)})" if flags else ""
+        return Precision(torch.bfloat16, kind, False, f"CPU has native bfloat16{shown}")
     if forced:
         return Precision(
             torch.bfloat16,

@@ -1,36 +1,151 @@
-"""`python -m rllib_amp.bench` answers bad input with exit 2 and one line."""
+"""`python -m rllib_amp.bench`: bad input and unwritable outputs give exit 2 and one line
+before anything is measured; the workloads come from the algorithm registry; the report's
+rows, table and machine line; the child-process harness."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 from rllib_amp import bench
+from rllib_amp.algorithms import ALGORITHMS
+from rllib_amp.bench import command, harness, report, workloads
+
+PROG = "python -m rllib_amp.bench: error: "
+# The checkout under test, for CLI subprocesses (not an installed copy of the package).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__))))
+
+
+class Measured(Exception):
+    """Raised by the stand-in for the first measurement: the checks let the run through."""
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """Makes the first measuring step raise Measured, so a test sees how far a run got."""
+
+    def measure(*args, **kwargs):
+        raise Measured
+
+    monkeypatch.setattr(command, "collect_data", measure)
+    monkeypatch.setattr(command, "in_child", measure)
+
+
+def _exits_2_naming(capsys, args, *fragments):
+    assert bench.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(PROG), err
+    for fragment in fragments:
+        assert fragment in err, err
+
 
 BAD = [
-    (["--algos", "SAC"], "--algos: 'SAC' is not one of PPO,DQN"),
-    (["--algos", ","], "--algos: empty list"),
-    (["--models", "huge"], "--models: 'huge' is not one of mini,full,high"),
-    (["--device", "tpu"], "--device: invalid choice: 'tpu'"),
-    (["--reps", "0"], "--reps: got 0; must be >= 1"),
-    (["--reps", "many"], "--reps: invalid int value: 'many'"),
-    (["--json", "/nonexistent/dir/b.json"], "folder /nonexistent/dir does not exist"),
-    (["--device", "cuda"], "--device cuda: no CUDA device is visible"),
-    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--algos", "SAC"], "--algos", "SAC"),
+    (["--algos", "APPO"], "--algos", "APPO"),  # in the registry, but not benchmarked
+    (["--algos", ","], "--algos"),
+    (["--models", "huge"], "--models", "huge"),
+    (["--device", "tpu"], "--device", "tpu"),
+    (["--reps", "0"], "--reps", "0"),
+    (["--reps", "many"], "--reps", "many"),
+    (["--json", "/nonexistent/dir/b.json"], "--json", "/nonexistent/dir"),
+    (["--device", "cuda"], "--device cuda"),
+    (["--frobnicate"], "--frobnicate"),
 ]
 
 
-@pytest.mark.parametrize("args, fragment", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_exits_2_with_one_line(capsys, args, fragment):
+@pytest.mark.parametrize("case", BAD, ids=[" ".join(c[0]) for c in BAD])
+def test_bad_input_exits_2_with_one_line(capsys, no_measuring, case):
     import torch
 
+    args, *fragments = case
     if args == ["--device", "cuda"] and torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the flag is valid here")
-    assert bench.main(args) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m rllib_amp.bench: error: "), err
-    assert fragment in err, err
+    _exits_2_naming(capsys, args, *fragments)
 
 
+def test_algos_are_the_registry_names_with_a_workload(no_measuring):
+    assert set(workloads.WORKLOADS) <= set(ALGORITHMS)
+    assert set(workloads.PARITY) <= set(ALGORITHMS)
+    assert command.build_parser().parse_args(["--algos", "dqn,PPO"]).algos == ["DQN", "PPO"]
+    with pytest.raises(ValueError, match="SAC"):
+        workloads._by_name((workloads.ParityRun("SAC", 1, {}),))
+    with pytest.raises(ValueError, match="ppo"):  # the registry's spelling, or the lookups miss
+        workloads._by_name((workloads.ParityRun("ppo", 1, {}),))
+
+
+# -- outputs are checked before anything is measured ------------------------------------------
+def test_unusable_output_paths_exit_2_before_measuring(tmp_path, capsys, no_measuring):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    taken = tmp_path / "taken"
+    (taken / report.PARQUET_NAME).mkdir(parents=True)
+    cases = [
+        (["--out", str(a_file)], "--out", str(a_file)),  # a file where a folder is expected
+        (["--out", str(a_file / "sub")], "--out", str(a_file)),
+        (["--out", str(taken)], "--out", report.PARQUET_NAME),
+        (["--json", str(tmp_path)], "--json", str(tmp_path)),  # a folder where a file is
+        (["--json", str(a_file / "b.json")], "--json", str(a_file)),
+        (["--json", str(tmp_path / "x"), "--out", str(tmp_path / "x")], "--out", "--json"),
+    ]
+    for args, *fragments in cases:
+        _exits_2_naming(capsys, args, *fragments)
+    assert a_file.read_text() == "keep me"
+
+
+def test_read_only_folder_exits_2_before_measuring(tmp_path, capsys, no_measuring):
+    if os.geteuid() == 0:
+        pytest.skip("root writes through permission bits: see the read-only mount test")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        _exits_2_naming(capsys, ["--out", str(ro / "results")], "--out", str(ro))
+        _exits_2_naming(capsys, ["--json", str(ro / "b.json")], "--json", str(ro))
+    finally:
+        ro.chmod(0o755)
+
+
+def test_read_only_mount_exits_2_before_measuring(tmp_path):
+    """A truly read-only folder (a read-only tmpfs in a private mount namespace)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root: the chmod test covers non-root users")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    flags = [("--out", str(ro / "results")), ("--json", str(ro / "b.json"))]
+    calls = "; ".join(f"print(bench.main({list(pair)!r}))" for pair in flags)
+    script = (
+        f"mount -t tmpfs -o ro none {ro} || exit 99; "
+        f'exec "{sys.executable}" -c "from rllib_amp import bench; {calls}"'
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
+    if proc.returncode == 99:
+        pytest.skip(f"this OS refuses a private read-only mount: {proc.stderr.strip()}")
+    assert proc.returncode == 0 and proc.stdout.split() == ["2", "2"], proc
+    lines = proc.stderr.splitlines()
+    assert len(lines) == len(flags), proc.stderr
+    for line, (flag, _) in zip(lines, flags):
+        assert line.startswith(PROG) and flag in line and str(ro) in line, line
+
+
+def test_writable_outputs_pass_the_check_and_leave_no_trace(tmp_path, no_measuring):
+    (tmp_path / "old.json").write_text("previous run")
+    args = ["--json", str(tmp_path / "old.json"), "--out", str(tmp_path / "new" / "folder")]
+    with pytest.raises(Measured):
+        bench.main(args)
+    assert sorted(os.listdir(tmp_path)) == ["old.json"]
+    assert (tmp_path / "old.json").read_text() == "previous run"
+
+
+# -- report -----------------------------------------------------------------------------------
 def test_rows_put_the_ratio_to_fp32_in_every_row():
     results = {
         "throughput": {
@@ -51,15 +166,124 @@ def test_rows_put_the_ratio_to_fp32_in_every_row():
     assert table.count("\n") == len(rows) + 3 and "2.00x" in table
 
 
-def test_in_child_returns_raises_and_notices_a_dead_child():
+INTEL_SPR = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu vme sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni amx_bf16 avx512_fp16 \
+amx_tile amx_int8
+"""
+AMD_ZEN4 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9654 96-Core Processor
+flags\t\t: fpu vme sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni
+"""
+AMD_ZEN3 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7763 64-Core Processor
+flags\t\t: fpu vme sse2 avx2 fma
+"""
+
+
+@pytest.mark.parametrize(
+    "text, model, present, absent",
+    [
+        (INTEL_SPR, "Intel(R) Xeon(R) Platinum 8480+", ["avx512_bf16", "amx_bf16", "amx_tile"], []),
+        (AMD_ZEN4, "AMD EPYC 9654 96-Core Processor", ["avx512_bf16"], ["amx"]),
+        (AMD_ZEN3, "AMD EPYC 7763 64-Core Processor", [], ["amx_bf16,", "(avx512_bf16"]),
+    ],
+    ids=["intel-amx", "amd-epyc-avx512bf16", "amd-epyc-no-bf16"],
+)
+def test_machine_line_names_the_cpu_and_only_the_flags_it_has(text, model, present, absent):
+    line = report.describe_cpu(text, 8)
+    assert line.startswith(f"{model}, 8 cores ("), line
+    flags = line[line.rindex("(") + 1 : line.rindex(")")]
+    listed = [] if flags.startswith("no ") else flags.split(", ")
+    assert listed == present, line
+    for fragment in absent:
+        assert fragment not in line, line
+
+
+def test_machine_line_of_this_machine_matches_its_cpuinfo():
+    from rllib_amp.precision import bf16_cpu_flags, read_cpuinfo
+
+    line = report.machine_description("cpu")
+    for flag in bf16_cpu_flags(read_cpuinfo()):
+        assert flag in line
+
+
+# -- harness ----------------------------------------------------------------------------------
+def test_in_child_raises_and_notices_a_dead_child():
     import math
-    import operator
-    import os
 
-    from rllib_amp.bench import in_child
-
-    assert in_child(operator.add, 1, 2) == 3
     with pytest.raises(RuntimeError, match="ValueError: math domain error"):
-        in_child(math.sqrt, -1.0)
+        harness.in_child(math.sqrt, -1.0)
     with pytest.raises(RuntimeError, match="died \\(exit code 3\\)"):
-        in_child(os._exit, 3)
+        harness.in_child(os._exit, 3)
+
+
+def _build_learner_and_list_warnings(variant: str) -> tuple[list[tuple[str, str, int]], set]:
+    """In a child: builds a bench learner; returns (logger, file, line) of Ray's WARNINGs
+    and the keys of Ray's once-only messages this process has shown."""
+    import logging
+
+    import gymnasium as gym
+    import numpy as np
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logging.getLogger("ray").addHandler(Keep(logging.WARNING))
+    obs = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    spaces = {"default_policy": (obs, gym.spaces.Discrete(6))}
+    workloads.build_learner("PPO", "mini", variant, "cpu", spaces)
+    return [(r.name, r.pathname, r.lineno) for r in records], harness.shown_once_keys()
+
+
+def test_rllib_deprecation_notices_appear_once_per_run_not_once_per_child():
+    """RLlib 2.60 logs its RLModuleConfig deprecation notice from inside RLModule.__init__
+    for every module (ray-project/ray#51630), once per process: the bench's children share
+    what the run has shown, so the second child (and the parent) repeat nothing."""
+    first, first_keys = harness.in_child(_build_learner_and_list_warnings, "fp32")
+    second, _ = harness.in_child(_build_learner_and_list_warnings, "amp-auto")
+    deprecations = [r for r in first + second if r[0] == "ray._common.deprecation"]
+    assert len(deprecations) == len(set(deprecations)) <= 1, deprecations
+    assert not [r for r in second if r[0] == "ray._common.deprecation"], second
+    assert not set(first) & set(second), (first, second)
+    assert first_keys <= harness.shown_once_keys()  # the parent will not repeat them either
+
+
+def test_ray_log_once_registry_is_a_set_the_harness_can_share():
+    """Pin: ray.util.debug keeps the keys log_once has seen in a module-level set."""
+    from ray.util import debug
+
+    key = "rllib_amp pin key"
+    assert isinstance(debug._logged, set)
+    harness.adopt_once_keys({key})
+    assert debug.log_once(key) is False
+    debug.reset_log_once(key)
+    assert debug.log_once(key) is True
+
+
+# -- configs ----------------------------------------------------------------------------------
+def test_parity_configs_come_from_algo_config(monkeypatch):
+    from rllib_amp.algorithms import algorithm
+    from rllib_amp.bench import figures
+
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append((args, kwargs))
+        raise Measured
+
+    monkeypatch.setattr(figures, "algo_config", record)
+    with pytest.raises(Measured):
+        figures.bench_parity(("amp-auto",), (3,))
+    ((args, kwargs),) = seen
+    cfg = workloads.algo_config(*args, **kwargs)
+    assert cfg.env == "CartPole-v1" and cfg.seed == 3 and cfg.num_env_runners == 0
+    assert cfg.lr == 3e-4 and cfg.train_batch_size_per_learner == 1000
+    assert cfg.minibatch_size == 250 and cfg.model_config["fcnet_hiddens"] == [64, 64]
+    assert cfg.learner_class is algorithm("PPO").amp_learner

@@ -37,9 +37,9 @@ def test_learner_update_on_gpu_is_finite_and_steps(dtype):
         with open(path, "rb") as f:
             data = pickle.load(f)
     variant = "amp-fp16" if dtype == "float16" else "amp-bf16"
-    lrn = bench._build_learner("PPO", "full", variant, "cuda", data["spaces"])
+    lrn = bench.build_learner("PPO", "full", variant, "cuda", data["spaces"])
     assert str(lrn._device).startswith("cuda")
-    bench._update_fn("PPO", lrn, data["episodes"])()
+    bench.update_fn("PPO", lrn, data["episodes"])()
     scaler = lrn.amp_scalers["default_policy"]
     assert scaler.optimizer_steps_lifetime > 0
     for p in lrn.module["default_policy"].parameters():

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from rllib_amp import AmpSettings
+from rllib_amp import AmpSettings, precision
 from rllib_amp.precision import add_float32_islands, resolve, to_float32
 
 
@@ -90,12 +90,13 @@ def test_to_float32_casts_nested_16_bit_tensors_only():
     assert out["c"][0].dtype == torch.float64 and out["c"][1] == "text"
 
 
-def test_describe_names_dtype_and_reason(caplog):
-    p = resolve(AmpSettings(), "cuda", cuda_capability=(7, 5))
-    text = p.describe()
-    assert "float16" in text and "GradScaler on" in text and "7.5" in text
-    assert "float32 (autocast off)" in resolve(AmpSettings(enabled=False), "cpu").describe()
-    logging.getLogger("x").info(text)
+def test_describe_names_dtype_and_reason():
+    for p in (
+        resolve(AmpSettings(), "cuda", cuda_capability=(7, 5)),
+        resolve(AmpSettings(enabled=False), "cpu"),
+    ):
+        text = p.describe()
+        assert p.name in text and p.reason in text
 
 
 def test_inference_precision_auto_depends_on_device_and_batch():
@@ -112,3 +113,68 @@ def test_inference_precision_auto_depends_on_device_and_batch():
     assert forced.dtype == torch.bfloat16
     fp32 = AmpSettings.from_dict({"inference_dtype": "fp32"})  # alias, as in YAML
     assert not resolve_inference(fp32, "cpu", batch=64, cpu_bf16=True).enabled
+
+
+# -- the CPU's native bfloat16: torch's private probes, and /proc/cpuinfo when they vanish --
+AMX_CPUINFO = "model name : Xeon\nflags : avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+NO_BF16_CPUINFO = "model name : EPYC\nflags : avx2 fma\n"
+
+
+def test_torch_still_has_the_cpu_bf16_probes():
+    """Pin: "auto" on a CPU asks these private torch functions first."""
+    for name in precision.TORCH_BF16_PROBES:
+        probe = getattr(torch.cpu, name)
+        assert isinstance(probe(), bool), name
+
+
+@pytest.mark.parametrize(
+    "text, flags",
+    [(AMX_CPUINFO, ("avx512_bf16", "amx_bf16", "amx_tile")), (NO_BF16_CPUINFO, ()), ("", ())],
+)
+def test_bf16_cpu_flags_lists_only_what_the_cpu_has(text, flags):
+    assert precision.bf16_cpu_flags(text) == flags
+
+
+def _fallback_records(caplog):
+    return [r for r in caplog.records if getattr(r, "rllib_amp_fallback", None) == "cpu_bf16_probe"]
+
+
+@pytest.mark.parametrize(
+    "text, dtype", [(AMX_CPUINFO, torch.bfloat16), (NO_BF16_CPUINFO, torch.float32)]
+)
+def test_auto_falls_back_to_cpuinfo_without_torch_probes_and_warns_once(
+    monkeypatch, caplog, text, dtype
+):
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    monkeypatch.setattr(precision, "_probe_fallback_warned", False)
+    monkeypatch.setattr(precision, "read_cpuinfo", lambda: text)
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        for _ in range(3):
+            assert resolve(AmpSettings(), "cpu").dtype == dtype
+    (record,) = _fallback_records(caplog)
+    assert record.levelno == logging.WARNING
+    assert record.missing == ("_is_amx_tile_supported",)
+
+
+def test_a_probe_that_raises_counts_as_gone(monkeypatch, caplog):
+    def broken() -> bool:
+        raise RuntimeError("cpuinfo unavailable")
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", broken)
+    monkeypatch.setattr(precision, "_probe_fallback_warned", False)
+    monkeypatch.setattr(precision, "read_cpuinfo", lambda: AMX_CPUINFO)
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        assert precision.cpu_has_native_bf16() is True
+        assert precision.cpu_has_native_bf16() is True
+    (record,) = _fallback_records(caplog)
+    assert record.missing == precision.TORCH_BF16_PROBES
+
+
+def test_probes_present_means_no_fallback_warning(monkeypatch, caplog):
+    monkeypatch.setattr(precision, "_probe_fallback_warned", False)
+    monkeypatch.setattr(precision, "read_cpuinfo", lambda: "")  # torch answers, not cpuinfo
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        assert precision.cpu_has_native_bf16() == bool(
+            torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        )
+    assert not _fallback_records(caplog)

@@ -1,0 +1,56 @@
+"""``python -m rllib_amp.bench``: what AMP buys over stock RLlib, side by side in one run.
+
+Variants (all in the same invocation, interleaved, several repetitions, medians):
+  fp32          stock RLlib, float32
+  rllib-scaler  stock RLlib with its built-in config.experimental(_torch_grad_scaler_class=...)
+  amp-auto      rllib-amp, precision auto
+  amp-fp16      rllib-amp, float16 + GradScaler (GPU only)
+  amp-bf16      rllib-amp, bfloat16 (GPU only)
+
+Figures (``figures``), on the workloads of ``workloads.WORKLOADS``:
+  1. learner update throughput (samples/s) on one fixed batch per algorithm: PPO (batch 1024
+     on CPU, 4096 on GPU, minibatch 256, 2 epochs, including the learner connector's GAE
+     pass) and DQN (batch 256), ALE/Pong-v5 observations, presets mini / full / high;
+  2. peak memory of the update (CUDA: max_memory_allocated; CPU: peak resident memory of a
+     child process per variant, above its resident memory before the update, with glibc's
+     allocator defaults);
+  3. end-to-end env steps/s of PPO on ALE/Pong-v5 over a few training iterations, 16 envs
+     per EnvRunner (one batched forward pass per step for all of them);
+  4. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
+     fixed number of env steps.
+
+Each throughput cell and the end-to-end figure run in a fresh process (``harness``), and
+within it every variant runs interleaved, so the variants share one process: rllib-amp's CPU
+allocator setting (rllib_amp.malloc) applies to the stock variants as well. The speed
+figures run unseeded: a seed makes RLlib switch on torch's deterministic mode on a CPU,
+which is not how one trains for speed. ``report`` prints the table and writes the files.
+
+Example:
+    python -m rllib_amp.bench --quick --json bench.json
+"""
+
+from rllib_amp.bench.command import build_parser, main, run
+from rllib_amp.bench.figures import bench_end_to_end, bench_memory, bench_parity, bench_throughput
+from rllib_amp.bench.harness import in_child
+from rllib_amp.bench.report import check_outputs, machine_description, markdown, rows_from
+from rllib_amp.bench.workloads import WORKLOADS, algo_config, build_learner, collect_data, update_fn
+
+__all__ = [
+    "WORKLOADS",
+    "algo_config",
+    "bench_end_to_end",
+    "bench_memory",
+    "bench_parity",
+    "bench_throughput",
+    "build_learner",
+    "build_parser",
+    "check_outputs",
+    "collect_data",
+    "in_child",
+    "machine_description",
+    "main",
+    "markdown",
+    "rows_from",
+    "run",
+    "update_fn",
+]

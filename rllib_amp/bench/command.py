@@ -1,0 +1,133 @@
+"""The command line of ``python -m rllib_amp.bench``: flags, input checks, the order of figures.
+
+Example:
+    python -m rllib_amp.bench --quick --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import rllib_amp.bench.figures as figures
+import rllib_amp.bench.report as report
+from rllib_amp.algorithms import algorithm
+from rllib_amp.bench.harness import in_child
+from rllib_amp.bench.workloads import MODELS, VARIANTS_CPU, VARIANTS_GPU, WORKLOADS, collect_data
+from rllib_amp.checks import suggest
+from rllib_amp.cli import Parser, UsageError, main_wrapper
+
+PROG = "python -m rllib_amp.bench"
+DESCRIPTION = "What AMP buys over stock RLlib, side by side in one run."
+PARITY_SEEDS = (0, 1, 2)
+
+
+def _items(text: str, allowed: Sequence[str]) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"empty list; allowed: {','.join(allowed)}")
+    return items
+
+
+def _algos(text: str) -> list[str]:
+    """``--algos``: algorithms of rllib_amp.algorithms that have a bench workload."""
+    out = []
+    allowed = ",".join(WORKLOADS)
+    for name in _items(text, list(WORKLOADS)):
+        try:
+            record = algorithm(name)
+        except ValueError:
+            hint = suggest(name, WORKLOADS)
+            raise argparse.ArgumentTypeError(f"{name!r} is not one of {allowed}{hint}") from None
+        if record.name not in WORKLOADS:
+            raise argparse.ArgumentTypeError(
+                f"{record.name!r} trains with rllib-amp but has no benchmark workload; "
+                f"allowed: {allowed}"
+            )
+        out.append(record.name)
+    return out
+
+
+def _models(text: str) -> list[str]:
+    """``--models``: model presets."""
+    items = _items(text, MODELS)
+    for item in items:
+        if item not in MODELS:
+            raise argparse.ArgumentTypeError(f"{item!r} is not one of {','.join(MODELS)}")
+    return items
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m rllib_amp.bench``."""
+    p = Parser(prog=PROG, description=DESCRIPTION)
+    p.add_argument("--quick", action="store_true", help="full preset only, fewer reps, no parity")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if any")
+    p.add_argument("--algos", type=_algos, default=None, help=f"e.g. {','.join(WORKLOADS)}")
+    p.add_argument("--models", type=_models, default=None, help="mini,full,high")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions per variant")
+    p.add_argument("--json", default=None, help="also write the results as JSON here")
+    p.add_argument(
+        "--out", default=None, help=f"folder for {report.PARQUET_NAME} and {report.PLOT_NAME}"
+    )
+    return p
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Parses ``argv``, checks every input and output, measures, prints and writes."""
+    args = build_parser().parse_args(argv)
+    if args.reps is not None and args.reps < 1:
+        raise UsageError(f"--reps: got {args.reps}; must be >= 1")
+    report.check_outputs(args.json, args.out)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
+    algos = args.algos or list(WORKLOADS)
+    models = args.models or (["full"] if args.quick else list(MODELS))
+    reps = args.reps or (3 if args.quick else 7)
+    variants = VARIANTS_GPU if device == "cuda" else VARIANTS_CPU
+    started = time.time()
+    results: dict[str, Any] = {"throughput": {}, "memory": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for algo in algos:
+            data_path = os.path.join(tmp, f"{algo}.pkl")
+            collect_data(algo, device, data_path)
+            for model in models:
+                key = f"{algo} {model}"
+                print(f"[bench] {key}: learner update x{reps} per variant", file=sys.stderr)
+                results["throughput"][key] = in_child(
+                    figures.throughput_cell, algo, model, variants, device, data_path, reps
+                )
+                if not args.quick or algo == "PPO":
+                    print(f"[bench] {key}: peak memory", file=sys.stderr)
+                    results["memory"][key] = figures.bench_memory(
+                        algo, model, variants, device, data_path
+                    )
+    print("[bench] PPO Pong end to end", file=sys.stderr)
+    results["end_to_end"] = in_child(
+        figures.bench_end_to_end, variants, device, 4 if args.quick else 8
+    )
+    if not args.quick:
+        print(f"[bench] CartPole learning parity ({len(PARITY_SEEDS)} seeds)", file=sys.stderr)
+        results["parity"] = figures.bench_parity(("fp32", "amp-auto"), PARITY_SEEDS)
+    rows = report.rows_from(results)
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    header = (
+        f"rllib-amp benchmark, {date}, {report.machine_description(device)}; medians of {reps} "
+        f"interleaved repetitions; {time.time() - started:.0f} s"
+    )
+    print(report.markdown(rows, header))
+    report.write_outputs(rows, results, args.json, args.out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``run`` with bad input as one line on stderr and exit status 2."""
+    return main_wrapper(PROG, run, argv)

@@ -1,0 +1,168 @@
+"""The four figures: learner throughput, peak memory, end-to-end speed, learning parity.
+
+Each returns raw measurements per variant; ``report`` turns them into rows.
+
+Example:
+    >>> bench_parity(("fp32",), (0,), {"PPO": 1000})  # doctest: +SKIP
+    {'PPO': {'fp32': [21.4]}}
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rllib_amp.bench.harness import in_child, peak_rss_bytes, reset_peak_rss, rss_bytes
+from rllib_amp.bench.workloads import (
+    PARITY,
+    PARITY_ENV_ID,
+    PARITY_MODEL,
+    algo_config,
+    build_learner,
+    samples_per_update,
+    update_fn,
+)
+
+# Untimed rounds of every variant before the timed ones: the first builds lazy state and
+# picks kernels. With one round, the first two of seven timed AMP repetitions of PPO full
+# came out about 30% slower than the other five (2026-11-30); steady state is what a long
+# training run sees.
+WARMUP_ROUNDS = 2
+# End to end: the local EnvRunner steps this many Pong envs, so each action computation is
+# one forward pass over all of them (RLlib's way of batching inference).
+E2E_ENVS_PER_RUNNER = 16
+
+
+def _interleaved(variants: Sequence[str], round_no: int) -> list[str]:
+    # Alternate the order, so no variant always runs right after the same other one.
+    return list(variants) if round_no % 2 == 0 else list(reversed(variants))
+
+
+# -- figure 1: throughput ---------------------------------------------------------------------
+def bench_throughput(
+    algo: str, model: str, variants: Sequence[str], device: str, data: dict, reps: int
+) -> dict[str, list[float]]:
+    """Samples/s per variant: interleaved repetitions in one process, after warm-up rounds."""
+    learners = {v: build_learner(algo, model, v, device, data["spaces"]) for v in variants}
+    runs = {v: update_fn(algo, lrn, data["episodes"]) for v, lrn in learners.items()}
+    n = samples_per_update(algo, data["episodes"])
+    for _ in range(WARMUP_ROUNDS):
+        for run in runs.values():
+            run()  # warm-up: lazy state, allocator, oneDNN / cuDNN kernel choice
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for rep in range(reps):
+        for v in _interleaved(variants, rep):
+            times[v].append(runs[v]())
+    return {v: [n / t for t in ts] for v, ts in times.items()}
+
+
+def throughput_cell(
+    algo: str, model: str, variants: Sequence[str], device: str, data_path: str, reps: int
+) -> dict[str, list[float]]:
+    """``bench_throughput`` on the batch pickled at ``data_path`` (for ``in_child``)."""
+    with open(data_path, "rb") as f:
+        data = pickle.load(f)
+    return bench_throughput(algo, model, variants, device, data, reps)
+
+
+# -- figure 2: memory -------------------------------------------------------------------------
+def memory_one(algo: str, model: str, variant: str, device: str, data_path: str) -> float:
+    """Peak bytes of one update of one variant (run in its own fresh process)."""
+    import torch
+
+    with open(data_path, "rb") as f:
+        data = pickle.load(f)
+    # Every variant under glibc's allocator defaults: a heap that keeps freed blocks
+    # (rllib_amp.malloc) would make the update's peak look smaller than it is.
+    learner = build_learner(algo, model, variant, device, data["spaces"], tune_malloc=False)
+    run = update_fn(algo, learner, data["episodes"])
+    if device == "cuda":
+        run()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run()
+        return float(torch.cuda.max_memory_allocated() - base)
+    run()  # warm-up, so lazily built state is in the baseline
+    before = rss_bytes()
+    if not reset_peak_rss():
+        raise RuntimeError("cannot reset peak RSS (/proc/self/clear_refs)")
+    run()
+    return float(max(0, peak_rss_bytes() - before))
+
+
+def bench_memory(
+    algo: str, model: str, variants: Sequence[str], device: str, data_path: str
+) -> dict[str, float]:
+    """Peak bytes of one update per variant, each measured in a fresh child process."""
+    return {v: in_child(memory_one, algo, model, v, device, data_path) for v in variants}
+
+
+# -- figure 3: end to end ---------------------------------------------------------------------
+def bench_end_to_end(
+    variants: Sequence[str], device: str, iterations: int, model: str = "full"
+) -> dict[str, list[float]]:
+    """Env steps/s of whole PPO training iterations on Pong, interleaved across variants."""
+    algos = {}
+    for v in variants:
+        cfg = algo_config("PPO", model, v, device)
+        cfg.env_runners(num_envs_per_env_runner=E2E_ENVS_PER_RUNNER)
+        algos[v] = cfg.build_algo()
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    try:
+        for it in range(WARMUP_ROUNDS + iterations):
+            for v in _interleaved(variants, it):
+                t = time.perf_counter()
+                result = algos[v].train()
+                dt = time.perf_counter() - t
+                steps = result["env_runners"]["num_env_steps_sampled"]
+                if it >= WARMUP_ROUNDS:  # the first iterations build and warm everything
+                    rates[v].append(steps / dt)
+    finally:
+        for a in algos.values():
+            a.stop()
+    return rates
+
+
+# -- figure 4: learning parity ----------------------------------------------------------------
+def bench_parity(
+    variants: Sequence[str], seeds: Sequence[int], budgets: Mapping[str, int] | None = None
+) -> dict[str, dict[str, list[float]]]:
+    """CartPole return after a fixed env-step budget, per algorithm, variant and seed.
+
+    ``budgets`` (algorithm -> env steps) defaults to every ``PARITY`` run's own budget.
+    """
+    import numpy as np
+
+    budgets = budgets or {name: run.env_steps for name, run in PARITY.items()}
+    out: dict[str, dict[str, list[float]]] = {}
+    for algo, budget in budgets.items():
+        out[algo] = {}
+        for v in variants:
+            returns = []
+            for seed in seeds:
+                cfg = algo_config(
+                    algo,
+                    PARITY_MODEL,
+                    v,
+                    "cpu",
+                    env=PARITY_ENV_ID,
+                    training=PARITY[algo].training,
+                    seed=seed,
+                )
+                a = cfg.build_algo()
+                buffer = getattr(a, "local_replay_buffer", None)
+                if buffer is not None:
+                    # RLlib seeds DQN's replay sampling with None even under
+                    # debugging(seed=...): pin it, so a seed means one result.
+                    buffer.rng = np.random.default_rng(seed)
+                try:
+                    result: dict[str, Any] = {}
+                    while result.get("num_env_steps_sampled_lifetime", 0) < budget:
+                        result = a.train()
+                    returns.append(float(result["env_runners"]["episode_return_mean"]))
+                finally:
+                    a.stop()
+            out[algo][v] = returns
+    return out

@@ -1,0 +1,212 @@
+"""Results to rows, a markdown table, JSON, parquet and a PNG; the machine line.
+
+Example:
+    >>> rows = rows_from({"end_to_end": {"fp32": [10.0], "amp-auto": [15.0]}})
+    >>> [round(r["ratio_to_fp32"], 2) for r in rows]
+    [1.0, 1.5]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from rllib_amp.cli import UsageError
+from rllib_amp.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpuinfo
+
+# What ``--out`` receives.
+PARQUET_NAME = "results.parquet"
+PLOT_NAME = "ratios.png"
+
+
+def _median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+# -- the machine line -------------------------------------------------------------------------
+def describe_cpu(cpuinfo: str, cores: int | None) -> str:
+    """The CPU part of the machine line, from a /proc/cpuinfo text: model, cores, and which
+    native-bfloat16 flags the CPU lists.
+
+    Example:
+        >>> describe_cpu("model name : AMD EPYC 9654\\nflags : avx512f avx512_bf16\\n", 2)
+        'AMD EPYC 9654, 2 cores (avx512_bf16)'
+    """
+    model = ""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model name":
+            model = value.strip()
+            break
+    model = model or platform.processor() or platform.machine()
+    flags = bf16_cpu_flags(cpuinfo)
+    shown = ", ".join(flags) if flags else f"no {'/'.join(BF16_CPU_FLAGS)}"
+    return f"{model}, {cores} cores ({shown})"
+
+
+def machine_description(device: str) -> str:
+    """What the figures were measured on: the GPU, or the CPU and its bfloat16 flags."""
+    import torch
+
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return f"{describe_cpu(read_cpuinfo(), os.cpu_count())}, torch {torch.__version__}"
+
+
+# -- rows and the table -----------------------------------------------------------------------
+def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flat rows: one per (figure, workload, variant), with the ratio to fp32."""
+    rows: list[dict[str, Any]] = []
+
+    def add(figure: str, workload: str, unit: str, per_variant: dict[str, float], higher: bool):
+        ref = per_variant.get("fp32")
+        for v, value in per_variant.items():
+            rows.append(
+                {
+                    "figure": figure,
+                    "workload": workload,
+                    "variant": v,
+                    "value": value,
+                    "unit": unit,
+                    "ratio_to_fp32": value / ref if ref else math.nan,
+                    "better_is": "higher" if higher else "lower",
+                }
+            )
+
+    for key, per in results.get("throughput", {}).items():
+        add("learner update", key, "samples/s", {v: _median(x) for v, x in per.items()}, True)
+    for key, per in results.get("memory", {}).items():
+        add("peak memory of update", key, "MiB", {v: x / 2**20 for v, x in per.items()}, False)
+    if results.get("end_to_end"):
+        add(
+            "end to end",
+            "PPO ALE/Pong-v5 full",
+            "env steps/s",
+            {v: _median(x) for v, x in results["end_to_end"].items()},
+            True,
+        )
+    for algo, per in results.get("parity", {}).items():
+        add(
+            "learning parity",
+            f"{algo} CartPole-v1 return (mean of {len(next(iter(per.values())))} seeds)",
+            "return",
+            {v: statistics.fmean(x) for v, x in per.items()},
+            True,
+        )
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], header: str) -> str:
+    """The rows as a markdown table under ``header``."""
+    lines = [
+        header,
+        "",
+        "| figure | workload | variant | value | x fp32 |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        value = r["value"]
+        shown = f"{value:,.1f} {r['unit']}" if math.isfinite(value) else "-"
+        ratio = f"{r['ratio_to_fp32']:.2f}x" if math.isfinite(r["ratio_to_fp32"]) else "-"
+        lines.append(f"| {r['figure']} | {r['workload']} | {r['variant']} | {shown} | {ratio} |")
+    return "\n".join(lines)
+
+
+# -- output files -----------------------------------------------------------------------------
+def _writable_folder(flag: str, folder: str) -> None:
+    # Root ignores permission bits, so only a real write answers (read-only mounts, ACLs).
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"{flag}: cannot write into folder {folder} ({e.strerror or e}); "
+            f"pass a path in a writable folder"
+        ) from None
+
+
+def _writable_file(flag: str, path: str) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"{flag}: {path} is a folder, not a file; pass a file path in it")
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        what = "is a file" if os.path.exists(parent) else "does not exist"
+        raise UsageError(f"{flag}: folder {parent} {what}; create the folder first")
+    _writable_folder(flag, parent)
+    if os.path.exists(path):
+        try:
+            with open(path, "a"):  # appends nothing: the file stays as it is until the end
+                pass
+        except OSError as e:
+            raise UsageError(
+                f"{flag}: cannot write {path} ({e.strerror or e}); pass another file"
+            ) from None
+
+
+def check_outputs(json_path: str | None, out_dir: str | None) -> None:
+    """Raises UsageError (one line, naming the flag and the fix) when ``--json`` or ``--out``
+    cannot be written; called before anything is measured, so no run is lost at the end.
+
+    Example:
+        >>> check_outputs("/proc/bench.json", None)  # doctest: +SKIP
+        UsageError: --json: cannot write into folder /proc (...); pass a path in a writable folder
+    """
+    if json_path:
+        _writable_file("--json", os.path.abspath(json_path))
+    if not out_dir:
+        return
+    out = os.path.abspath(out_dir)
+    if json_path and os.path.abspath(json_path) == out:
+        raise UsageError(f"--out: {out} is also the --json file; give them different paths")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(
+            f"--out: {out} is a file, not a folder; pass a folder path "
+            f"(it receives {PARQUET_NAME} and {PLOT_NAME})"
+        )
+    existing = out
+    while not os.path.exists(existing):  # the folder is made at the end: its nearest ancestor
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"--out: {existing} is a file, so {out} cannot be a folder; pass another")
+    _writable_folder("--out", existing)
+    for name in (PARQUET_NAME, PLOT_NAME):
+        target = os.path.join(out, name)
+        if os.path.isdir(target):
+            raise UsageError(f"--out: {target} is a folder; remove it or pass another --out")
+
+
+def write_outputs(
+    rows: list[dict[str, Any]], results: dict, json_path: str | None, out_dir: str | None
+) -> None:
+    """Writes the JSON file and the ``--out`` folder's parquet table and ratio plot."""
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump({"rows": rows, "raw": results}, f, indent=1, default=float)
+    if not out_dir:
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(out_dir, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), os.path.join(out_dir, PARQUET_NAME))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    shown = [r for r in rows if r["variant"] != "fp32" and math.isfinite(r["ratio_to_fp32"])]
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(shown) + 1.5))
+    labels = [f"{r['figure']}: {r['workload']} [{r['variant']}]" for r in shown]
+    ax.barh(labels, [r["ratio_to_fp32"] for r in shown])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("ratio to stock RLlib float32")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, PLOT_NAME), dpi=120)

@@ -1,0 +1,223 @@
+"""What the benchmark trains: variants, workloads, the RLlib config of one cell, its batch.
+
+The benchmarked algorithms are a subset of rllib_amp.algorithms: each ``Workload`` names a
+registry entry (checked when this module is imported) and says how its learner update is fed.
+
+Example:
+    >>> WORKLOADS["PPO"].training("cpu")["train_batch_size_per_learner"]
+    1024
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pickle
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from rllib_amp.algorithms import ALGORITHMS, algorithm
+
+VARIANTS_CPU = ("fp32", "rllib-scaler", "amp-auto")
+VARIANTS_GPU = ("fp32", "rllib-scaler", "amp-auto", "amp-fp16", "amp-bf16")
+# rllib-amp variant -> AmpSettings.dtype
+AMP_DTYPES = {"amp-auto": "auto", "amp-fp16": "float16", "amp-bf16": "bfloat16"}
+MODELS = ("mini", "full", "high")
+ENV_ID = "ALE/Pong-v5"
+LR = 1e-4
+
+
+class Workload(NamedTuple):
+    """One benchmarked algorithm and the batch its timed learner update trains on.
+
+    Attributes:
+        algorithm: A name in ``rllib_amp.algorithms.ALGORITHMS``.
+        batch: Train batch per learner, per device ("cpu", "cuda").
+        minibatch: SGD minibatch size; None for one step on the whole batch.
+        epochs: Passes over the batch per update.
+        on_policy: True: the batch is sampled by the policy; False: drawn from a replay
+            buffer filled with random actions.
+    """
+
+    algorithm: str
+    batch: Mapping[str, int]
+    minibatch: int | None
+    epochs: int
+    on_policy: bool
+
+    def training(self, device: str) -> dict[str, Any]:
+        """``AlgorithmConfig.training`` keywords of this workload on ``device``."""
+        out: dict[str, Any] = {"train_batch_size_per_learner": self.batch[device], "lr": LR}
+        if self.minibatch is not None:
+            out.update(minibatch_size=self.minibatch, num_epochs=self.epochs)
+        return out
+
+    def update_kwargs(self) -> dict[str, Any]:
+        """``Learner.update`` keywords of one timed update."""
+        out: dict[str, Any] = {"timesteps": {"num_env_steps_sampled_lifetime": 10_000}}
+        if self.minibatch is not None:
+            out.update(
+                minibatch_size=self.minibatch, num_epochs=self.epochs, shuffle_batch_per_epoch=True
+            )
+        return out
+
+
+class ParityRun(NamedTuple):
+    """One learning-parity run: CartPole, a fixed env-step budget, RLlib-tuned settings."""
+
+    algorithm: str
+    env_steps: int
+    training: Mapping[str, Any]
+
+
+def _by_name(items: tuple[Any, ...]) -> dict[str, Any]:
+    for item in items:
+        # algorithm() raises a ValueError naming the registry's algorithms.
+        if algorithm(item.algorithm).name != item.algorithm:
+            raise ValueError(f"bench: spell {item.algorithm!r} as in {list(ALGORITHMS)}")
+    return {item.algorithm: item for item in items}
+
+
+# PPO: batch 1024 on a CPU, 4096 on a GPU (the size the GPU memory target is set at).
+WORKLOADS: dict[str, Workload] = _by_name(
+    (
+        Workload("PPO", {"cpu": 1024, "cuda": 4096}, minibatch=256, epochs=2, on_policy=True),
+        Workload("DQN", {"cpu": 256, "cuda": 256}, minibatch=None, epochs=1, on_policy=False),
+    )
+)
+PARITY_ENV_ID = "CartPole-v1"
+PARITY_MODEL = "mini"  # fcnet [64, 64], tanh
+PARITY: dict[str, ParityRun] = _by_name(
+    (
+        ParityRun(
+            "PPO", 40_000, {"lr": 3e-4, "train_batch_size_per_learner": 1000, "minibatch_size": 250}
+        ),
+        ParityRun(
+            "DQN",
+            10_000,
+            {
+                "lr": 5e-4,
+                "train_batch_size_per_learner": 32,
+                "num_steps_sampled_before_learning_starts": 1000,
+                "target_network_update_freq": 500,
+                "n_step": 3,
+            },
+        ),
+    )
+)
+
+
+def algo_config(
+    algo: str,
+    model: str,
+    variant: str,
+    device: str,
+    *,
+    env: str = ENV_ID,
+    training: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+    tune_malloc: bool = True,
+) -> Any:
+    """The RLlib config of one benchmark cell.
+
+    ``training`` defaults to the algorithm's ``WORKLOADS`` entry. No seed by default: RLlib's
+    ``debugging(seed=...)`` turns on ``torch.use_deterministic_algorithms`` on a CPU,
+    process-wide, which also fills every new tensor (about 12% of a bf16 PPO update); the
+    speed figures measure normal training. ``tune_malloc=False`` keeps glibc's allocator
+    defaults in the AMP variants (the memory figure: a heap that keeps freed blocks would hide
+    the update's peak).
+
+    Example:
+        >>> cfg = algo_config("PPO", "mini", "amp-auto", "cpu", env="CartPole-v1")
+        >>> cfg.minibatch_size
+        256
+    """
+    import torch
+
+    from rllib_amp import envs, models, with_amp
+
+    cfg = algorithm(algo).config_class()
+    envs.configure_env(cfg, env, {})
+    cfg.env_runners(num_env_runners=0)
+    cfg.rl_module(model_config=models.model_config(model, image=envs.is_atari(env)))
+    cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)
+    cfg.training(**(WORKLOADS[algo].training(device) if training is None else training))
+    if seed is not None:
+        cfg.debugging(seed=seed)
+    if variant == "rllib-scaler":
+        # RLlib calls the class with no arguments: a partial is how a device gets in.
+        scaler_cls: Any = functools.partial(torch.amp.GradScaler, device)
+        cfg.experimental(_torch_grad_scaler_class=scaler_cls)
+    elif variant in AMP_DTYPES:
+        with_amp(cfg, dtype=AMP_DTYPES[variant], tune_cpu_malloc=tune_malloc)
+    return cfg
+
+
+def collect_data(algo: str, device: str, path: str) -> None:
+    """Samples one fixed training batch (as episodes) from Pong and pickles it to ``path``."""
+    import torch
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    work = WORKLOADS[algo]
+    batch = work.batch[device]
+    cfg = algo_config(algo, "mini", "fp32", device, seed=0)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    runner = SingleAgentEnvRunner(config=cfg)
+    # The seeded runner switched torch's deterministic mode on for the whole process.
+    torch.use_deterministic_algorithms(deterministic)
+    assert runner.env is not None
+    spaces = {
+        "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
+    }
+    if work.on_policy:
+        episodes = runner.sample(num_timesteps=batch, random_actions=False)
+    else:
+        from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+
+        buffer = EpisodeReplayBuffer(capacity=10 * batch)
+        buffer.add(runner.sample(num_timesteps=2 * batch, random_actions=True))
+        episodes = buffer.sample(  # type: ignore[assignment]
+            num_items=batch, n_step=1, gamma=0.99, sample_episodes=True
+        )
+    runner.stop()
+    with open(path, "wb") as f:
+        pickle.dump({"episodes": episodes, "spaces": spaces}, f)
+
+
+def build_learner(
+    algo: str, model: str, variant: str, device: str, spaces: Any, *, tune_malloc: bool = True
+) -> Any:
+    """The learner of one cell, with the same initial weights for every variant."""
+    import torch
+
+    torch.manual_seed(0)
+    cfg = algo_config(algo, model, variant, device, tune_malloc=tune_malloc)
+    return cfg.build_learner(spaces=spaces)
+
+
+def update_fn(algo: str, learner: Any, episodes: Any) -> Callable[[], float]:
+    """One timed learner update on a fresh copy of the batch (the copy is not timed)."""
+    kwargs = WORKLOADS[algo].update_kwargs()
+
+    def run() -> float:
+        eps = copy.deepcopy(episodes)
+        _sync(learner)
+        t = time.perf_counter()
+        learner.update(episodes=eps, **kwargs)
+        _sync(learner)
+        return time.perf_counter() - t
+
+    return run
+
+
+def _sync(learner: Any) -> None:
+    import torch
+
+    if torch.cuda.is_available() and str(getattr(learner, "_device", "cpu")).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def samples_per_update(algo: str, episodes: Any) -> int:
+    """Samples one update trains on: the batch's env steps times the epochs over it."""
+    return sum(len(e) for e in episodes) * WORKLOADS[algo].epochs
