@@ -11,6 +11,7 @@ exactly. (docs/update-step.md states the rules these tests pin.)
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 
 import gymnasium as gym
@@ -31,9 +32,11 @@ DTYPES = ["bfloat16", "float16"]
 SCALE = 2.0**10
 
 
-def _pair(dtype, module_ids=("default_policy",), **training):
+def _pair(dtype, module_ids=("default_policy",), lr_schedulers=None, **training):
     """(stock learner, AMP learner) with identical weights."""
     cfg = PPOConfig().rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0)
+    if lr_schedulers:
+        cfg.experimental(_torch_lr_scheduler_classes=lr_schedulers)
     if training:
         cfg.training(**training)
     if module_ids != ("default_policy",):
@@ -213,6 +216,31 @@ def test_postprocess_gradients_clips_true_scale_gradients(dtype, clip_by):
     )
     got = _named(amp, amp.postprocess_gradients(amp.compute_gradients({mid: _own_loss(amp, mid)})))
     _assert_same(got, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_lr_schedulers_are_built_and_stepped_like_stock(dtype):
+    """RLlib builds torch lr schedulers lazily in apply_gradients; ours repeats that part."""
+    halve = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    stock, amp = _pair(dtype, module_ids=("p0", "p1"), lr_schedulers=[halve])
+
+    def lrs(lrn):
+        return {
+            (mid, name): opt.param_groups[0]["lr"]
+            for mid in ("p0", "p1")
+            for name, opt in lrn.get_optimizers_for_module(mid)
+        }
+
+    for lrn in (stock, amp):
+        for _ in range(2):
+            losses = {mid: _own_loss(lrn, mid) for mid in ("p0", "p1")}
+            lrn.apply_gradients(lrn.compute_gradients(losses))
+            lrn.after_gradient_based_update(timesteps={})
+    assert {m: sorted(d) for m, d in amp._lr_schedulers.items()} == {
+        m: sorted(d) for m, d in stock._lr_schedulers.items()
+    }
+    assert lrs(amp) == lrs(stock)
+    assert set(lrs(amp).values()) == {PPOConfig().lr * 0.25}  # both modules, two halvings
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
