@@ -15,6 +15,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config, amp_learner_class
 from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
+from rllib_amp.loss_scaling import check_no_rllib_grad_scaler
 from rllib_amp.settings import AmpSettings, settings_from_config, store_in_config
 
 __all__ = ["settings_from_config", "with_amp"]
@@ -63,11 +64,7 @@ def with_amp(
             "stack's TorchLearner: call config.api_stack(enable_rl_module_and_learner=True, "
             "enable_env_runner_and_connector_v2=True)"
         )
-    if config._torch_grad_scaler_class is not None:
-        raise ValueError(
-            "with_amp: config.experimental(_torch_grad_scaler_class=...) is set; rllib-amp "
-            "owns loss scaling: remove that setting (pass init_scale etc. to with_amp instead)"
-        )
+    check_no_rllib_grad_scaler(config, where="with_amp")
     if not isinstance(settings, (AmpSettings, type(None))):
         raise TypeError(
             f"with_amp: settings must be an AmpSettings, got {type(settings).__name__}; "

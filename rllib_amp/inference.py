@@ -22,21 +22,45 @@ from typing import Any
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
+from rllib_amp.log_events import event
 from rllib_amp.precision import Precision, resolve_inference, to_float32
 from rllib_amp.settings import settings_from_config
 
 logger = logging.getLogger(__name__)
 
+# RLModule's hooks behind forward_exploration / forward_inference (pinned in
+# tests/unit/test_rllib_api.py).
 _FORWARDS = ("_forward_exploration", "_forward_inference")
+_warned_missing: set[tuple[str, str]] = set()
 
 
 def autocast_forwards(module: Any, precision: Precision) -> None:
-    """Wraps a module's exploration/inference forward passes in autocast (instance-level)."""
+    """Wraps a module's exploration/inference forward passes in autocast (instance-level).
+
+    A module without one of RLlib's hooks (a future RLlib that renamed them, or a module that
+    is not an RLModule) keeps that pass in float32, with one WARNING per module class.
+
+    Example:
+        >>> import torch
+        >>> from rllib_amp.precision import resolve
+        >>> from rllib_amp.settings import AmpSettings
+        >>> class M:
+        ...     def _forward_exploration(self, batch):
+        ...         return torch.ones(1) @ torch.ones(1, 1)
+        ...     _forward_inference = _forward_exploration
+        >>> m = M()
+        >>> autocast_forwards(m, resolve(AmpSettings(dtype="bfloat16"), "cpu"))
+        >>> m._forward_exploration({}).dtype
+        torch.float32
+    """
     if not precision.enabled:
         return
     for name in _FORWARDS:
         original = getattr(module, name, None)
-        if original is None or getattr(original, "_rllib_amp", False):
+        if original is None:
+            _warn_missing_once(module, name)
+            continue
+        if getattr(original, "_rllib_amp", False):
             continue
 
         def forward(batch: Any, _original: Any = original, **kwargs: Any) -> Any:
@@ -45,6 +69,20 @@ def autocast_forwards(module: Any, precision: Precision) -> None:
 
         forward._rllib_amp = True  # type: ignore[attr-defined]
         setattr(module, name, forward)
+
+
+def _warn_missing_once(module: Any, name: str) -> None:
+    key = (type(module).__qualname__, name)
+    if key in _warned_missing:
+        return
+    _warned_missing.add(key)
+    logger.warning(
+        "rllib_amp: %s has no %s, so that forward pass runs in float32 on the EnvRunners "
+        "(RLlib's RLModule hook is gone or renamed: check the rllib-amp version against Ray's)",
+        key[0],
+        name,
+        extra=event("inference_autocast_skipped", module_class=key[0], method=name),
+    )
 
 
 class AmpEnvRunnerMixin:

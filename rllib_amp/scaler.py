@@ -80,7 +80,10 @@ class PolicyScaler:
         # Since the last ``pop_window()``: what the learner reports per update.
         self._window_steps = 0
         self._window_skipped = 0
-        self._found_inf = False
+        # What unscale_ found for the pending step; None: no unscale_ since the last step.
+        self._found_inf: bool | None = None
+        # ids of the optimizers torch's GradScaler unscaled since its last update().
+        self._torch_unscaled: set[int] = set()
 
     # -- the update step -------------------------------------------------------------------
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -90,42 +93,68 @@ class PolicyScaler:
         """Unscales the gradients in place and records whether any is inf/nan.
 
         Call before gradient clipping: clipping by value turns inf into a finite number and
-        would hide the overflow.
+        would hide the overflow. Call at most once per step (``unscaled`` says if it was).
         """
+        if self._found_inf is not None:
+            raise RuntimeError(
+                "PolicyScaler.unscale_: already called for this step; call step() first"
+            )
         if self.scaling:
             for opt in optimizers:
                 if _grads([opt]):
                     self._scaler.unscale_(opt)
+                    self._torch_unscaled.add(id(opt))
         # Checked over all of the module's optimizers so that they step together or not at
         # all (GradScaler alone decides per optimizer).
         self._found_inf = not grads_are_finite(optimizers)
 
-    def step(self, optimizers: list[torch.optim.Optimizer]) -> bool:
-        """Steps all ``optimizers`` unless a gradient was inf/nan. Returns True if skipped.
+    @property
+    def unscaled(self) -> bool:
+        """True between ``unscale_`` and the ``step`` that consumes it."""
+        return self._found_inf is not None
 
-        ``unscale_`` must have been called for this step. Weights and optimizer state of a
-        skipped step stay exactly as they were.
+    def step(self, optimizers: list[torch.optim.Optimizer]) -> bool:
+        """Steps all ``optimizers`` unless a gradient is inf/nan. Returns True if skipped.
+
+        After ``unscale_`` (a scaled backward) this is the scaled step: skip on what unscale_
+        found, then ``update()`` the scale once. Without it, the gradients are taken as
+        true-scale (e.g. given to ``Learner.apply_gradients`` directly): they are checked
+        here, and the scale stays as it is. Weights and optimizer state of a skipped step
+        stay exactly as they were.
         """
+        after_unscale = self._found_inf is not None
         stepping = [opt for opt in optimizers if _grads([opt])]
-        if not stepping:
-            return False
-        skipped = self._found_inf
+        skipped = self._found_inf if after_unscale else not grads_are_finite(stepping)
+        self._found_inf = None
         if not skipped:
             for opt in stepping:
-                if self.scaling:
-                    self._scaler.step(opt)  # no inf recorded by unscale_: a plain step
+                if id(opt) in self._torch_unscaled:
+                    self._scaler.step(opt)  # unscale_ recorded no inf: a plain step
                 else:
                     opt.step()
-        if self.scaling:
+        if self._torch_unscaled:
             # Once per module per step; backs the scale off when unscale_ recorded an inf.
             self._scaler.update()
-        self._found_inf = False
+            self._torch_unscaled.clear()
+        if not stepping:
+            return False
         self.optimizer_steps_lifetime += 1
         self._window_steps += 1
         if skipped:
             self.skipped_steps_lifetime += 1
             self._window_skipped += 1
-        return skipped
+        return bool(skipped)
+
+    def discard_pending(self) -> None:
+        """Forgets an ``unscale_`` whose step never came (new gradients replace them).
+
+        torch's GradScaler allows one unscale per optimizer between two ``update()`` calls,
+        so the abandoned step still updates the scale: an overflow it found backs off.
+        """
+        if self._torch_unscaled:
+            self._scaler.update()
+            self._torch_unscaled.clear()
+        self._found_inf = None
 
     # -- reporting -------------------------------------------------------------------------
     def get_scale(self) -> float:

@@ -36,6 +36,32 @@ def tiny_config(algo: str, *, seed: int = 0):
     return cfg.environment("CartPole-v1").rl_module(model_config=dict(TINY)).debugging(seed=seed)
 
 
+def ppo_episodes(batch: int = 64, *, hiddens: int = 16, lr: float = 1e-3):
+    """(PPO config, CartPole episodes of ``batch`` steps, spaces) for driving a learner directly.
+
+    The config trains on the whole batch as one minibatch, once: one optimizer step per update.
+    """
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    cfg = (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0)
+        .training(train_batch_size_per_learner=batch, num_epochs=1, minibatch_size=batch, lr=lr)
+        .rl_module(model_config={"fcnet_hiddens": [hiddens]})
+        .debugging(seed=0)
+    )
+    runner = SingleAgentEnvRunner(config=cfg)
+    episodes = runner.sample(num_timesteps=batch)
+    env = runner.env
+    runner.stop()
+    return (
+        cfg,
+        episodes,
+        {"default_policy": (env.single_observation_space, env.single_action_space)},
+    )
+
+
 def amp_config(algo: str, *, seed: int = 0, **amp):
     return with_amp(tiny_config(algo, seed=seed), **amp)
 

@@ -75,8 +75,9 @@ def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, cap
         caplog.clear()
         b.restore_from_path(str(tmp_path))
         msgs = [r for r in caplog.records if r.name.startswith("rllib_amp")]
-        assert len(msgs) == 1 and msgs[0].levelno == logging.INFO, [m.getMessage() for m in msgs]
-        assert "fresh scalers" in msgs[0].getMessage()
+        assert [(r.levelname, r.amp_event, r.amp_fields) for r in msgs] == [
+            ("INFO", "fresh_scalers", {"modules": ["default_policy"], "reason": "none_saved"})
+        ]
         assert _scaler_view(b)["default_policy"] == (1024.0, 0, 0, 0)
         assert same(weights(b), w)  # nothing else about the restore changed
     finally:
@@ -98,8 +99,9 @@ def test_amp_checkpoint_restores_into_float32_run_with_one_warning(tmp_path, cap
         caplog.clear()
         b.restore_from_path(str(tmp_path))
         msgs = [r for r in caplog.records if r.name.startswith("rllib_amp")]
-        assert len(msgs) == 1 and msgs[0].levelno == logging.WARNING
-        assert "ignored" in msgs[0].getMessage()
+        assert [(r.levelname, r.amp_event, r.amp_fields) for r in msgs] == [
+            ("WARNING", "scaler_state_ignored", {"modules": ["default_policy"]})
+        ]
         assert learner(b).amp_scalers == {}
         assert same(weights(b), w)
         restored = optimizer_state(b)

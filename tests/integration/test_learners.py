@@ -29,8 +29,10 @@ def test_trains_under_amp(algo, dtype, caplog):
         lrn = learner(a)
         assert lrn.amp_precision.dtype == getattr(torch, dtype)
         assert lrn.amp_precision.use_scaler is (dtype == "float16")
-        lines = [r.getMessage() for r in caplog.records if "trains in" in r.getMessage()]
-        assert len(lines) == 1 and "'default_policy'" in lines[0] and dtype in lines[0]
+        lines = [r.amp_fields for r in caplog.records if getattr(r, "amp_event", 0) == "precision"]
+        assert [(f["module_id"], f["dtype"], f["scaler"]) for f in lines] == [
+            ("default_policy", dtype, dtype == "float16")
+        ]
 
         before = weights(a)
         result = train_until_learned(a, iterations=2)

@@ -67,6 +67,22 @@ def test_bad_arguments_are_refused_clearly():
         with_amp(stock_scaler)
 
 
+def test_amp_learner_refuses_rllibs_own_scaler_at_build():
+    """amp_learner_class bypasses with_amp's check; the learner itself refuses to scale twice."""
+    import gymnasium as gym
+
+    from rllib_amp.settings import store_in_config
+
+    cfg = PPOConfig().experimental(
+        _torch_grad_scaler_class=functools.partial(torch.amp.GradScaler, "cpu")
+    )
+    cfg.learners(learner_class=amp_learner_class(PPOTorchLearner))
+    store_in_config(cfg, AmpSettings(dtype="float16"))
+    spaces = {"default_policy": (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))}
+    with pytest.raises(ValueError, match="_torch_grad_scaler_class"):
+        cfg.build_learner(spaces=spaces)
+
+
 def test_amp_learner_class_wraps_user_learners_once():
     class MyLearner(PPOTorchLearner):
         pass

@@ -127,3 +127,44 @@ def test_bf16_state_restores_counters_only():
     dst.load_state_dict(src.state_dict())
     assert dst.skipped_steps_lifetime == 1
     assert dst.get_scale() == 8.0
+
+
+@pytest.mark.parametrize("scaling", [True, False])
+def test_step_without_unscale_takes_gradients_as_true_scale(scaling):
+    """Gradients given from outside (no scaled backward): checked, stepped, scale kept."""
+    scaler = PolicyScaler(AmpSettings(init_scale=8.0, growth_interval=1), "cpu", scaling=scaling)
+    net, opt = _setup()
+    before = net.weight.detach().clone()
+    net.weight.grad = torch.ones_like(net.weight)
+    net.bias.grad = torch.ones_like(net.bias)
+    assert scaler.step([opt]) is False
+    # Adam's first step moves each weight by lr against the gradient's sign, unscaled.
+    assert torch.allclose(net.weight, before - 0.1)
+    assert scaler.get_scale() == (8.0 if scaling else 1.0)  # no growth: nothing was scaled
+
+    net.weight.grad[0, 0] = float("nan")
+    weights = net.weight.detach().clone()
+    assert scaler.step([opt]) is True
+    assert torch.equal(net.weight, weights)
+    assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (2, 1)
+    assert scaler.get_scale() == (8.0 if scaling else 1.0)  # no backoff either
+
+
+def test_unscale_twice_for_one_step_is_refused():
+    scaler = PolicyScaler(AmpSettings(), "cpu", scaling=True)
+    net, opt = _setup()
+    scaler.scale(_finite_loss(net)).backward()
+    scaler.unscale_([opt])
+    with pytest.raises(RuntimeError, match="already called for this step"):
+        scaler.unscale_([opt])
+
+
+def test_discarded_unscale_still_updates_the_scale_once():
+    """New gradients replace an unscaled step that never came: the overflow it saw counts."""
+    scaler = PolicyScaler(AmpSettings(init_scale=64.0), "cpu", scaling=True)
+    net, opt = _setup()
+    scaler.scale(_inf_loss(net)).backward()
+    scaler.unscale_([opt])
+    scaler.discard_pending()
+    assert scaler.get_scale() == 32.0 and scaler.optimizer_steps_lifetime == 0
+    assert _step(scaler, net, opt, _finite_loss) is False  # the next step works normally

@@ -1,0 +1,124 @@
+"""Scaler state inside ``Learner.get_state()``, and checking checkpoint files before a restore.
+
+RLlib leaves the loss scale out of its learner state, so a restored run would restart at
+``init_scale``. The learner adds ``{AMP_STATE_KEY: {module_id: PolicyScaler.state_dict()}}``
+to its state; every checkpoint, weight sync and Tune restore carries it from there.
+
+Example:
+    >>> from rllib_amp.scaler import PolicyScaler
+    >>> from rllib_amp.settings import AmpSettings
+    >>> scalers = {"p0": PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)}
+    >>> scaler_state(scalers)["p0"]["torch"]["scale"]
+    8.0
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+from rllib_amp.log_events import event
+from rllib_amp.scaler import PolicyScaler
+
+logger = logging.getLogger(__name__)
+
+# The key of the scalers' state inside Learner.get_state().
+AMP_STATE_KEY = "amp_scalers"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be read; nothing of it was restored. ``path``: that file."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keeps ``path`` when Ray sends the error from a remote learner to the driver.
+        return (type(self), (str(self), self.path))
+
+
+def verify_checkpoint_files(path: Any) -> None:
+    """Reads every state file under a local checkpoint folder first.
+
+    RLlib loads the module weights before the learner's own state file, so a damaged state
+    file would leave half a state behind. Raises CheckpointError naming the first file that
+    is truncated or corrupted. Remote URIs are left to RLlib.
+
+    Example:
+        >>> verify_checkpoint_files("s3://bucket/run/checkpoint_000001")  # remote: skipped
+    """
+    text = path if isinstance(path, str) else os.fspath(path)
+    if "://" in text or not os.path.isdir(text):
+        return
+    for root, _dirs, files in os.walk(text):
+        for name in sorted(files):
+            file = os.path.join(root, name)
+            try:
+                if name.endswith(".pkl"):
+                    with open(file, "rb") as f:
+                        pickle.load(f)  # noqa: S301 - the user's own checkpoint (see README)
+                elif name.endswith(".msgpack"):
+                    import msgpack
+
+                    with open(file, "rb") as f:
+                        msgpack.load(f, strict_map_key=False)
+            except Exception as e:  # any parse failure means a damaged file
+                raise CheckpointError(
+                    f"{file}: checkpoint file is truncated or corrupted ({type(e).__name__}: "
+                    f"{e}); nothing was restored. Restore from another checkpoint.",
+                    path=file,
+                ) from None
+
+
+def scaler_state(scalers: Mapping[str, PolicyScaler]) -> dict[str, dict[str, Any]]:
+    """ModuleID -> that scaler's state dict: the value stored under AMP_STATE_KEY."""
+    return {module_id: scaler.state_dict() for module_id, scaler in scalers.items()}
+
+
+def restore_scaler_state(
+    scalers: Mapping[str, PolicyScaler],
+    state: Mapping[str, Any],
+    *,
+    amp_enabled: bool,
+    full: bool,
+) -> None:
+    """Loads the scalers from a learner state, saying what it could not restore.
+
+    A ``full`` state (a checkpoint's: it carries optimizer state) without scaler state gets
+    one INFO line; weight syncs pass module weights alone and are not worth a word. Scaler
+    state restored into a float32 run gets one WARNING.
+    """
+    saved = state.get(AMP_STATE_KEY)
+    if saved is None:
+        if amp_enabled and full:
+            logger.info(
+                "rllib_amp: the restored state has no AMP scaler state (stock RLlib or AMP off "
+                "when saved); modules %s start with fresh scalers",
+                sorted(scalers),
+                extra=event("fresh_scalers", modules=sorted(scalers), reason="none_saved"),
+            )
+        return
+    if not amp_enabled:
+        logger.warning(
+            "rllib_amp: the restored state carries AMP scaler state for modules %s, but this "
+            "run trains in float32; the scaler state is ignored",
+            sorted(saved),
+            extra=event("scaler_state_ignored", modules=sorted(saved)),
+        )
+        return
+    fresh = []
+    for module_id, scaler in scalers.items():
+        if module_id in saved:
+            scaler.load_state_dict(saved[module_id])
+        else:
+            fresh.append(module_id)
+    if fresh:
+        logger.info(
+            "rllib_amp: no saved scaler state for modules %s; they start fresh",
+            fresh,
+            extra=event("fresh_scalers", modules=fresh, reason="module_not_saved"),
+        )

@@ -1,0 +1,290 @@
+"""RLlib's public Learner methods, driven one by one, with the scaler in the loop.
+
+Each test builds a stock PPO learner and ``amp_learner_class(PPOTorchLearner)`` with the same
+weights (tiny nets, no Ray), calls ``compute_gradients`` / ``postprocess_gradients`` /
+``apply_gradients`` directly, and compares with what stock ``TorchLearner`` does where
+RLlib's docstrings say they should agree. The losses are plain float32 functions of the
+weights, and the float16 scales are powers of two, so unscaled gradients equal stock's
+exactly. (docs/update-step.md states the rules these tests pin.)
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.utils.metrics import ALL_MODULES
+
+from rllib_amp.algorithms import amp_learner_class
+from rllib_amp.settings import AmpSettings, store_in_config
+from tests.integration.common import ppo_episodes
+
+OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+ACT = gym.spaces.Discrete(2)
+DTYPES = ["bfloat16", "float16"]
+SCALE = 2.0**10
+
+
+def _pair(dtype, module_ids=("default_policy",), lr_schedulers=None, **training):
+    """(stock learner, AMP learner) with identical weights."""
+    cfg = PPOConfig().rl_module(model_config={"fcnet_hiddens": [8]}).debugging(seed=0)
+    if lr_schedulers:
+        cfg.experimental(_torch_lr_scheduler_classes=lr_schedulers)
+    if training:
+        cfg.training(**training)
+    if module_ids != ("default_policy",):
+        cfg.multi_agent(policies=set(module_ids), policy_mapping_fn=lambda aid, *a, **k: "p0")
+    spaces = {mid: (OBS, ACT) for mid in module_ids}
+    stock = cfg.copy(copy_frozen=False).learners(learner_class=PPOTorchLearner)
+    stock = stock.build_learner(spaces=spaces)
+    amp_cfg = cfg.copy(copy_frozen=False).learners(learner_class=amp_learner_class(PPOTorchLearner))
+    store_in_config(amp_cfg, AmpSettings(dtype=dtype, init_scale=SCALE))
+    amp = amp_cfg.build_learner(spaces=spaces)
+    amp.module.set_state(stock.module.get_state())
+    return stock, amp
+
+
+def _params(lrn, mid):
+    return list(lrn.module[mid].parameters())
+
+
+def _own_loss(lrn, mid, c=0.01):
+    return sum((p**2).sum() for p in _params(lrn, mid)) * c
+
+
+def _coupled_loss(lrn):
+    """A loss over both modules that no single module's loss could express."""
+    return _own_loss(lrn, "p0") * _own_loss(lrn, "p1", c=1.0)
+
+
+def _named(lrn, grads):
+    """Gradient dict (keyed by parameter) -> {module.param name: gradient}."""
+    names = {
+        id(p): f"{mid}.{n}"
+        for mid, module in lrn.module.items()
+        for n, p in module.named_parameters()
+    }
+    return {names[id(pid)]: g.detach().clone() for pid, g in grads.items() if g is not None}
+
+
+def _weights(lrn):
+    return {
+        f"{mid}.{n}": p.detach().clone()
+        for mid, module in lrn.module.items()
+        for n, p in module.named_parameters()
+    }
+
+
+def _assert_same(a, b, *, exact=True):
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], msg=k)
+
+
+def _set_scale(scaler, scale):
+    scaler.load_state_dict({**scaler.state_dict(), "torch": {"scale": scale, "_growth_tracker": 0}})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("keys", ["all_modules", "module_and_all_modules"])
+def test_all_modules_loss_is_summed_like_stock(dtype, keys):
+    stock, amp = _pair(dtype)
+    mid = "default_policy"
+
+    def losses(lrn):
+        out = {ALL_MODULES: _own_loss(lrn, mid, c=0.03)}
+        if keys == "module_and_all_modules":
+            out[mid] = _own_loss(lrn, mid)  # stock sums every value: both count
+        return out
+
+    expected = _named(stock, stock.compute_gradients(losses(stock)))
+    scaled = amp.compute_gradients(losses(amp))
+    scale = SCALE if dtype == "float16" else 1.0
+    _assert_same(_named(amp, scaled), {k: g * scale for k, g in expected.items()})
+    _assert_same(_named(amp, amp.postprocess_gradients(scaled)), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_loss_over_two_modules_gets_each_modules_own_scale(dtype):
+    stock, amp = _pair(dtype, module_ids=("p0", "p1"))
+    if dtype == "float16":
+        _set_scale(amp.amp_scalers["p1"], 2.0**3)  # the two scalers disagree
+
+    def losses(lrn):
+        return {"p0": _own_loss(lrn, "p0"), ALL_MODULES: _coupled_loss(lrn)}
+
+    expected = _named(stock, stock.compute_gradients(losses(stock)))
+    scaled = _named(amp, amp.compute_gradients(losses(amp)))
+    for name, grad in expected.items():
+        scale = amp.amp_scalers[name.split(".")[0]].get_scale()
+        assert torch.equal(scaled[name], grad * scale), name
+    grads = {p: p.grad for mid in ("p0", "p1") for p in _params(amp, mid)}
+    _assert_same(_named(amp, amp.postprocess_gradients(grads)), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_apply_gradients_on_its_own_steps_like_stock(dtype):
+    stock, amp = _pair(dtype)
+    mid = "default_policy"
+    grads = {name: torch.full_like(p, 0.5) for name, p in stock.module[mid].named_parameters()}
+
+    def given(lrn):
+        return {p: grads[n].clone() for n, p in lrn.module[mid].named_parameters()}
+
+    before = _weights(amp)
+    stock.apply_gradients(given(stock))
+    amp.apply_gradients(given(amp))
+    after = _weights(amp)
+    assert not torch.equal(
+        after[f"{mid}.{next(iter(grads))}"], before[f"{mid}.{next(iter(grads))}"]
+    )
+    _assert_same(after, _weights(stock), exact=False)  # fused vs stock Adam kernel
+    scaler = amp.amp_scalers[mid]
+    assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (1, 0)
+    # No scaled backward happened: the scale has nothing to learn from this step.
+    assert scaler.get_scale() == (SCALE if dtype == "float16" else 1.0)
+    assert scaler.growth_tracker == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_apply_gradients_on_its_own_skips_inf_loudly(dtype, caplog):
+    _, amp = _pair(dtype)
+    mid = "default_policy"
+    params = _params(amp, mid)
+    amp.apply_gradients({p: torch.full_like(p, 0.1) for p in params})  # Adam has state now
+    weights = _weights(amp)
+    opt_state = [copy.deepcopy(o.state_dict()) for _, o in amp.get_optimizers_for_module(mid)]
+
+    bad = {p: torch.full_like(p, 0.1) for p in params}
+    bad[params[0]][0] = float("inf")
+    caplog.set_level(logging.WARNING, logger="rllib_amp")
+    amp.apply_gradients(bad)
+
+    _assert_same(_weights(amp), weights)
+    for saved, (_, opt) in zip(opt_state, amp.get_optimizers_for_module(mid)):
+        for pid, st in saved["state"].items():
+            for k, v in st.items():
+                assert torch.equal(opt.state_dict()["state"][pid][k], v), k
+    scaler = amp.amp_scalers[mid]
+    assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (2, 1)
+    records = [r for r in caplog.records if getattr(r, "amp_event", None)]
+    assert [(r.levelname, r.amp_event, r.amp_fields["module_id"]) for r in records] == [
+        ("WARNING", "nonfinite_gradients", mid)
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_apply_gradients_right_after_compute_gradients_unscales_first(dtype):
+    stock, amp = _pair(dtype)
+    mid = "default_policy"
+    stock.apply_gradients(stock.compute_gradients({mid: _own_loss(stock, mid)}))
+    amp.apply_gradients(amp.compute_gradients({mid: _own_loss(amp, mid)}))
+    _assert_same(_weights(amp), _weights(stock), exact=False)
+    scaler = amp.amp_scalers[mid]
+    assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (1, 0)
+    if dtype == "float16":
+        assert scaler.get_scale() == SCALE and scaler.growth_tracker == 1  # a scaled step
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("clip_by", ["global_norm", "value"])
+def test_postprocess_gradients_clips_true_scale_gradients(dtype, clip_by):
+    stock, amp = _pair(dtype, grad_clip=0.01, grad_clip_by=clip_by)
+    mid = "default_policy"
+    grads = {n: torch.full_like(p, 0.5) for n, p in stock.module[mid].named_parameters()}
+
+    def given(lrn):
+        return {p: grads[n].clone() for n, p in lrn.module[mid].named_parameters()}
+
+    # On its own: the gradients are true-scale; clipped exactly as stock clips them.
+    expected = _named(stock, stock.postprocess_gradients(given(stock)))
+    _assert_same(_named(amp, amp.postprocess_gradients(given(amp))), expected)
+
+    # After compute_gradients: unscaled first, then clipped.
+    expected = _named(
+        stock, stock.postprocess_gradients(stock.compute_gradients({mid: _own_loss(stock, mid)}))
+    )
+    got = _named(amp, amp.postprocess_gradients(amp.compute_gradients({mid: _own_loss(amp, mid)})))
+    _assert_same(got, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_lr_schedulers_are_built_and_stepped_like_stock(dtype):
+    """RLlib builds torch lr schedulers lazily in apply_gradients; ours repeats that part."""
+    halve = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    stock, amp = _pair(dtype, module_ids=("p0", "p1"), lr_schedulers=[halve])
+
+    def lrs(lrn):
+        return {
+            (mid, name): opt.param_groups[0]["lr"]
+            for mid in ("p0", "p1")
+            for name, opt in lrn.get_optimizers_for_module(mid)
+        }
+
+    for lrn in (stock, amp):
+        for _ in range(2):
+            losses = {mid: _own_loss(lrn, mid) for mid in ("p0", "p1")}
+            lrn.apply_gradients(lrn.compute_gradients(losses))
+            lrn.after_gradient_based_update(timesteps={})
+    assert {m: sorted(d) for m, d in amp._lr_schedulers.items()} == {
+        m: sorted(d) for m, d in stock._lr_schedulers.items()
+    }
+    assert lrs(amp) == lrs(stock)
+    assert set(lrs(amp).values()) == {PPOConfig().lr * 0.25}  # both modules, two halvings
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_loss_means_no_gradients_and_no_step(dtype):
+    stock, amp = _pair(dtype)
+    assert stock.compute_gradients({}) == amp.compute_gradients({}) == {}
+    weights = _weights(amp)
+    amp.apply_gradients(amp.postprocess_gradients({}))
+    _assert_same(_weights(amp), weights)
+    assert amp.amp_scalers["default_policy"].optimizer_steps_lifetime == 0
+
+
+def test_update_runs_forward_in_autocast_and_gradients_outside(monkeypatch):
+    """RLlib's own update step reaches our hooks: loss in autocast, gradient work outside."""
+    from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+    cfg, episodes, spaces = ppo_episodes(64, hiddens=8)
+    amp_cfg = cfg.copy(copy_frozen=False).learners(learner_class=amp_learner_class(PPOTorchLearner))
+    store_in_config(amp_cfg, AmpSettings(dtype="bfloat16"))
+    lrn = amp_cfg.build_learner(spaces=spaces)
+    seen: dict[str, bool] = {}
+
+    def record(name, method):
+        def spy(*args, **kwargs):
+            seen[name] = torch.is_autocast_enabled("cpu")
+            return method(*args, **kwargs)
+
+        return spy
+
+    # Where the work happens: RLlib's own bodies, reached through our overrides' super().
+    for cls, name in (
+        (PPOTorchLearner, "compute_loss_for_module"),
+        (TorchLearner, "compute_gradients"),
+        (Learner, "postprocess_gradients"),
+    ):
+        monkeypatch.setattr(cls, name, record(name, getattr(cls, name)))
+    for _, opt in lrn.get_optimizers_for_module("default_policy"):
+        monkeypatch.setattr(opt, "step", record("optimizer.step", opt.step))
+    lrn.update(episodes=episodes, timesteps={"num_env_steps_sampled_lifetime": 1})
+    assert seen == {
+        "compute_loss_for_module": True,
+        "compute_gradients": False,
+        "postprocess_gradients": False,
+        "optimizer.step": False,
+    }
+    assert lrn.amp_scalers["default_policy"].optimizer_steps_lifetime > 0
