@@ -47,6 +47,7 @@ TOP_KEYS = (
     "stop",
     "checkpoint",
     "seed",
+    "storage_path",
 )
 # Sections whose keys may be searched or overridden with a sampler.
 SEARCHABLE = ("amp", "training", "resources", "env_config", "model", "seed")
@@ -500,6 +501,16 @@ def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
     if seed is not None and not _is_domain(seed):
         _check_number(path, "seed", seed, (int,), 0)
     out["seed"] = seed
+
+    storage_path = d.get("storage_path")
+    if storage_path is not None and (not isinstance(storage_path, str) or not storage_path.strip()):
+        raise _err(
+            path,
+            "storage_path",
+            f"got {storage_path!r}; expected a local path, a shared mount or a URI such as "
+            f"s3://BUCKET/experiments",
+        )
+    out["storage_path"] = storage_path
 
     out["search"] = _validate_search(path, d.get("search"), out)
     _check_batch_sizes(path, out)
