@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from typing import Any
@@ -72,9 +73,36 @@ def publish(values: dict[str, float], *, trial: str, module: str) -> None:
         _gauges[key].set(float(value), tags={"trial": trial, "module": str(module)})
 
 
+# Tune names a trial's folder "<trial name>_<experiment tag>_<date>", the trial name being
+# "<trainable>_<trial id>" with ids like "f1412_00000" (variant generator) or 8 hex digits.
+_TRIAL_IN_DIRNAME = re.compile(r"^(.+?_(?:[0-9a-f]{5}_\d{5}|[0-9a-f]{8}))(?:_|$)")
+
+
+def trial_name(algorithm: Any) -> str:
+    """The Tune trial an Algorithm serves, or "default" outside Tune.
+
+    RLlib drops Tune's trial info when it turns the trial's config dict into an
+    AlgorithmConfig, so ``Algorithm.trial_name`` is "default" in every Tune trial; the trial's
+    storage folder, which Tune sets before ``setup``, still names it.
+
+    Example:
+        >>> trial_name(SimpleNamespace(trial_name="default", _storage=SimpleNamespace(
+        ...     trial_dir_name="PPO_CartPole-v1_f1412_00000_0_lr=0.001_2026-11-30_15-01-38")))
+        'PPO_CartPole-v1_f1412_00000'
+    """
+    name = getattr(algorithm, "trial_name", None)
+    if name and name != "default":
+        return str(name)
+    dirname = getattr(getattr(algorithm, "_storage", None), "trial_dir_name", None)
+    if dirname:
+        match = _TRIAL_IN_DIRNAME.match(dirname)
+        return match.group(1) if match else str(dirname)
+    return "default"
+
+
 def tag_learners_with_trial(*, algorithm: Any, **kwargs: Any) -> None:
     """RLlib ``on_algorithm_init`` callback: tells the learners which trial they serve."""
-    trial = str(getattr(algorithm, "trial_name", None) or "default")
+    trial = trial_name(algorithm)
 
     def tag(learner: Any) -> None:
         if hasattr(learner, "set_amp_trial"):
