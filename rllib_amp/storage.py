@@ -45,9 +45,8 @@ class StorageError(ValueError):
 
 
 def is_uri(location: str) -> bool:
-    """True for ``scheme://...`` (a one-letter scheme is a Windows drive, not a URI)."""
-    scheme = urllib.parse.urlparse(location).scheme
-    return len(scheme) > 1
+    """True for ``scheme://...``; ``runs:2`` or ``C:\\runs`` are local paths."""
+    return "://" in location and len(urllib.parse.urlparse(location).scheme) > 1
 
 
 def resolve(

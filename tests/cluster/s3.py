@@ -34,7 +34,10 @@ class S3:
         """Every path under ``bucket/prefix``, listed through pyarrow."""
         import pyarrow.fs as pafs
 
-        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.bucket}/{prefix}", recursive=True))
+        where = f"{self.bucket}/{prefix}"
+        infos = self.fs.get_file_info(
+            pafs.FileSelector(where, recursive=True, allow_not_found=True)
+        )
         return sorted(i.path for i in infos)
 
     def read(self, path: str) -> bytes:
