@@ -25,6 +25,7 @@ import math
 import os
 import shlex
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,14 @@ from rllib_amp.settings import AMP_CONFIG_KEY
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
 MODULE_ID = "default_policy"
 RESULTS_FILE = "results.parquet"
+# Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
+# then they are missing, and Tune ends the whole sweep when its metric is missing from a
+# result: Pong's first iterations (episodes of thousands of steps) did exactly that.
+EPISODE_METRICS = tuple(
+    f"env_runners/episode_{what}_{stat}"
+    for what in ("return", "len")
+    for stat in ("mean", "max", "min")
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,6 +181,10 @@ def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore:
 
     trainable = exp.algorithm_config().algo_class
     param_space = exp.tune_param_space()
+    if exp.tune["metric"] in EPISODE_METRICS:
+        param_space.callbacks(
+            on_train_result=partial(_no_episode_yet_as_nan, metric=exp.tune["metric"])
+        )
     if restore:
         return tune.Tuner.restore(
             S.join(storage, name),
@@ -211,6 +224,23 @@ def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore:
         ),
         run_config=run_config,
     )
+
+
+def _no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: Any) -> None:
+    """RLlib ``on_train_result`` callback: an episode metric of an iteration in which no
+    episode has ended yet is reported as NaN ("nothing yet") instead of being left out.
+
+    Example:
+        >>> r = {"env_runners": {}}
+        >>> _no_episode_yet_as_nan(result=r, metric="env_runners/episode_return_mean")
+        >>> r
+        {'env_runners': {'episode_return_mean': nan}}
+    """
+    *parents, leaf = metric.split("/")
+    node = result
+    for key in parents:
+        node = node.setdefault(key, {})
+    node.setdefault(leaf, math.nan)
 
 
 def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str, Any]]:

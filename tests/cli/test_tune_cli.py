@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import signal
@@ -229,6 +230,18 @@ def test_unwritable_storage_exits_2_and_keeps_what_is_there(tmp_path, capsys):
     assert precious.read_bytes() == b"earlier results"
 
 
+def test_resume_from_a_uri_without_an_experiment_exits_2(tmp_path, capsys):
+    from tests.cluster.s3 import moto_s3
+
+    with moto_s3() as s3:
+        uri = s3.uri("experiments")
+        rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", uri, "--resume"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"--resume: no experiment at {cli.S.join(uri, 'tiny')}" in err
+        assert s3.list("experiments") == []  # nothing written
+
+
 # -- resources ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "sets, needs",
@@ -261,6 +274,29 @@ def test_infeasible_trial_on_a_local_ray_exits_2_within_30_s(tmp_path, sets, nee
         assert int(fix["resources.num_env_runners"]) == int(has.group(1)) - 1
     assert elapsed < 30, elapsed
     assert not store.exists()  # nothing written
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(tmp_path):
+    """With --address the CLI does not judge resources: an autoscaler may add the nodes, so
+    a trial that does not fit now is PENDING, not an error."""
+    import ray
+
+    cmd = [sys.executable, "-m", "rllib_amp.tune", "--config", tiny_file(tmp_path),
+           "--address", ray.get_runtime_context().gcs_address, "--storage-path", str(tmp_path),
+           "--name", "pending", "--set", "resources.num_env_runners=64"]  # fmt: skip
+    log = open(tmp_path / "out.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if "PENDING" in (tmp_path / "out.log").read_text():
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+    assert "PENDING" in (tmp_path / "out.log").read_text()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 1  # unfinished trials, not bad input
+    log.close()
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -301,6 +337,25 @@ def test_fit_to_machine_runs_pong_ppo_on_this_machine(tmp_path):
     table = pq.read_table(str(tmp_path / "pong" / "results.parquet")).to_pylist()
     assert len(table) == 2
     assert all(r["status"] == "DONE" and r["training_iteration"] == 1 for r in table)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_an_iteration_in_which_no_episode_ended_reports_nan_not_a_crash(tmp_path, capsys):
+    """MountainCar's episodes last 200 steps, so a 100-step iteration ends none; RLlib then
+    leaves env_runners/episode_return_mean out, and Tune would end the sweep (as it did on
+    Pong's first iteration)."""
+    config = tmp_path / "long_episodes.yaml"
+    config.write_text(
+        "algorithm: PPO\nenv: MountainCar-v0\nmodel: {fcnet_hiddens: [8]}\n"
+        "training: {train_batch_size_per_learner: 100, minibatch_size: 50, num_epochs: 1}\n"
+        "resources: {num_env_runners: 0}\nstop: {training_iteration: 1}\n"
+    )
+    rc = cli.main(["--config", str(config), "--storage-path", str(tmp_path), "--name", "long"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    (row,) = pq.read_table(str(tmp_path / "long" / "results.parquet")).to_pylist()
+    assert row["status"] == "DONE" and row["training_iteration"] == 1
+    assert math.isnan(row["env_runners/episode_return_mean"])
 
 
 # -- quiet output ---------------------------------------------------------------------------
