@@ -141,16 +141,20 @@ def _searched_resources(exp: Any) -> dict[str, list[Any]]:
     """Searched ``resources.*`` keys -> the values their samplers can give at the edges."""
     out: dict[str, list[Any]] = {}
     for key, spec in exp.search.items():
-        if not key.startswith("resources."):
-            continue
-        ((kind, arg),) = spec.items()
-        if kind in ("grid", "choice"):
-            out[key] = list(arg)
-        elif kind == "randint":
-            out[key] = [arg[0], arg[1] - 1]
-        else:
-            out[key] = [arg[0], arg[1]]
+        if key.startswith("resources."):
+            out[key] = _edges(spec)
     return out
+
+
+def _edges(spec: Any) -> list[Any]:
+    """Every listed value, or the two ends a range reaches: a parsed sampler knows them
+    (``Sampler.edges``); a spec still in its file form (``{grid: [...]}``) is read here."""
+    if hasattr(spec, "edges"):
+        return list(spec.edges())
+    ((kind, arg),) = spec.items()
+    if kind in ("grid", "choice"):
+        return list(arg)
+    return [arg[0], arg[1] - 1 if kind == "randint" else arg[1]]
 
 
 def requests(exp: Any) -> list[tuple[dict[str, Any], TrialRequest]]:
