@@ -4,30 +4,47 @@ Runs one experiment file (default ``tune_configs/cartpole_ppo_amp.yaml``) on a l
 started in-process, or on a cluster (``--address auto`` on a node of it). Prints Tune's
 progress table with AMP columns, then a summary of all trials sorted by the metric, the best
 trial's checkpoint, and writes ``results.parquet`` (one row per trial) to the experiment
-folder. Exit status: 0 success, 1 a trial failed or did not finish, 2 bad input.
+folder. Storage is a local path, a shared mount or a URI (``s3://``, ``gs://``, ...; see
+``rllib_amp.storage``). Before any trial starts it checks what would otherwise fail late: on
+a multi-node cluster, that every node reaches the storage; on a local Ray, that a trial's
+resources fit the machine (``--fit-to-machine`` scales them down). Exit status: 0 success,
+1 a trial failed or did not finish, 2 bad input.
 
 Example:
     python -m rllib_amp.tune --set stop.training_iteration=2 --num-samples 1
-    python -m rllib_amp.tune --config tune_configs/pong_ppo_amp.yaml --address auto
+    python -m rllib_amp.tune --config tune_configs/pong_ppo_amp.yaml --address auto \
+        --storage-path s3://my-bucket/experiments
+    python -m rllib_amp.tune --config tune_configs/pong_ppo_amp.yaml --fit-to-machine
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
+import shlex
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rllib_amp import metrics as M
+from rllib_amp import storage as S
 from rllib_amp.cli import Parser, UsageError, main_wrapper
 from rllib_amp.settings import AMP_CONFIG_KEY
 
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
-DEFAULT_STORAGE = "~/ray_results"
 MODULE_ID = "default_policy"
 RESULTS_FILE = "results.parquet"
+# Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
+# then they are missing, and Tune ends the whole sweep when its metric is missing from a
+# result: Pong's first iterations (episodes of thousands of steps) did exactly that.
+EPISODE_METRICS = tuple(
+    f"env_runners/episode_{what}_{stat}"
+    for what in ("return", "len")
+    for stat in ("mean", "max", "min")
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num-samples", type=int, default=None, help="samples per grid point")
     p.add_argument(
-        "--storage-path", default=None, help=f"where experiments go (default: {DEFAULT_STORAGE})"
+        "--storage-path",
+        default=None,
+        help="where experiments go: a local path, a shared mount or a URI such as "
+        "s3://bucket/experiments (default: the file's storage_path, else "
+        f"${S.STORAGE_ENV}, else {S.DEFAULT_STORAGE})",
     )
     p.add_argument("--name", default=None, help="experiment name (default: the file's name)")
     p.add_argument(
@@ -61,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue the interrupted experiment NAME in STORAGE_PATH: finished trials are "
         "kept, unfinished ones continue from their last checkpoint",
+    )
+    p.add_argument(
+        "--fit-to-machine",
+        action="store_true",
+        help="scale each trial's resources (GPUs, learners, env runners) down to what the "
+        "local Ray has, instead of exiting when they do not fit",
     )
     p.add_argument(
         "--dry-run", action="store_true", help="print the resolved config and search space only"
@@ -154,9 +181,13 @@ def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore:
 
     trainable = exp.algorithm_config().algo_class
     param_space = exp.tune_param_space()
+    if exp.tune["metric"] in EPISODE_METRICS:
+        param_space.callbacks(
+            on_train_result=partial(_no_episode_yet_as_nan, metric=exp.tune["metric"])
+        )
     if restore:
         return tune.Tuner.restore(
-            os.path.join(storage, name),
+            S.join(storage, name),
             trainable=trainable,
             resume_unfinished=True,
             resume_errored=True,
@@ -195,8 +226,28 @@ def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore:
     )
 
 
-def summarize(exp: Any, grid: Any) -> list[dict[str, Any]]:
-    """One row per trial: searched parameters, final metrics, checkpoint, error."""
+def _no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: Any) -> None:
+    """RLlib ``on_train_result`` callback: an episode metric of an iteration in which no
+    episode has ended yet is reported as NaN ("nothing yet") instead of being left out.
+
+    Example:
+        >>> r = {"env_runners": {}}
+        >>> _no_episode_yet_as_nan(result=r, metric="env_runners/episode_return_mean")
+        >>> r
+        {'env_runners': {'episode_return_mean': nan}}
+    """
+    *parents, leaf = metric.split("/")
+    node = result
+    for key in parents:
+        node = node.setdefault(key, {})
+    node.setdefault(leaf, math.nan)
+
+
+def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str, Any]]:
+    """One row per trial: searched parameters, final metrics, checkpoint, error.
+
+    With ``storage`` (a URI), checkpoints are given as URIs on it, as the user passed it.
+    """
     rows = []
     for result in grid:
         cfg = result.config or {}
@@ -216,7 +267,7 @@ def summarize(exp: Any, grid: Any) -> list[dict[str, Any]]:
                 "skip_fraction": _metric(final, amp_metric_key(M.SKIP_FRACTION)),
                 "skipped_steps": _metric(final, amp_metric_key(M.SKIPPED_STEPS_LIFETIME)),
                 "env_steps_per_s": (steps / total) if steps and total else None,
-                "checkpoint": result.checkpoint.path if result.checkpoint else None,
+                "checkpoint": _checkpoint_location(result.checkpoint, storage),
                 "error": str(result.error).splitlines()[0] if result.error else None,
             }
         )
@@ -231,6 +282,12 @@ def summarize(exp: Any, grid: Any) -> list[dict[str, Any]]:
 
     rows.sort(key=sort_key, reverse=reverse)
     return rows
+
+
+def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:
+    if checkpoint is None:
+        return None
+    return S.to_uri(storage, checkpoint.path) if storage else checkpoint.path
 
 
 def _fmt(v: Any) -> str:
@@ -265,6 +322,7 @@ def format_table(exp: Any, rows: list[dict[str, Any]]) -> str:
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
+    """Writes the rows as one parquet table to ``path``: a local path or a storage URI."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -277,7 +335,9 @@ def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
         ):
             values = [None if v is None else float(v) for v in values]
         columns[key] = values
-    pq.write_table(pa.table(columns), path)
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(columns), buffer)
+    S.write_bytes(path, buffer.getvalue())
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -288,9 +348,14 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     exp = E.load(find_config(args.config), overrides=args.overrides)
     name = args.name or exp.name
-    storage = os.path.abspath(os.path.expanduser(args.storage_path or DEFAULT_STORAGE))
-    exp_dir = os.path.join(storage, name)
-    if args.resume and not os.path.isdir(exp_dir):
+    storage = S.resolve(args.storage_path, exp.get("storage_path"))
+    exp_dir = S.join(storage, name)
+    if args.fit_to_machine and args.address:
+        raise UsageError(
+            "--fit-to-machine: scales trials to the local Ray this command starts; drop "
+            "--address, or size the file's resources section for the cluster"
+        )
+    if args.resume and not _can_restore(exp_dir):
         raise UsageError(
             f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of the "
             f"interrupted run"
@@ -309,6 +374,16 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     import ray
 
+    from rllib_amp import resources as R
+
+    # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
+    # starts is sized before it starts, so a trial that can never fit fails within seconds
+    # (Ray's own start takes longer than that on a busy machine).
+    local = not args.address and not os.environ.get("RAY_ADDRESS")
+    predicted = R.local_capacity() if local and not ray.is_initialized() else None
+    if predicted is not None:
+        exp = _fit_resources(exp, args, predicted)
+    S.check_writable(storage)
     started = False
     if not ray.is_initialized():
         if args.address:
@@ -317,15 +392,23 @@ def run(argv: Sequence[str] | None = None) -> int:
             ray.init(log_to_driver=False)
             started = True
     try:
+        if local:
+            actual = R.capacity_of(ray.cluster_resources())
+            if actual != predicted:
+                exp = _fit_resources(exp, args, actual)
+        # A node that cannot reach the storage would fail at its first checkpoint.
+        S.check_reachable_from_nodes(storage)
+        dashboard = M.install_grafana_dashboard()
+        if dashboard:
+            print(f"AMP Grafana dashboard: {dashboard}")
         tuner = _tuner(exp, args, storage, name, restore=args.resume)
         grid = tuner.fit()
     finally:
         if started:
             ray.shutdown()
 
-    rows = summarize(exp, grid)
-    os.makedirs(exp_dir, exist_ok=True)
-    parquet = os.path.join(exp_dir, RESULTS_FILE)
+    rows = summarize(exp, grid, storage)
+    parquet = S.join(exp_dir, RESULTS_FILE)
     write_parquet(rows, parquet)
     print()
     print(f"Trials of {name}, best first by {exp.tune['metric']} ({exp.tune['mode']}):")
@@ -338,11 +421,40 @@ def run(argv: Sequence[str] | None = None) -> int:
     if unfinished:
         print(
             f"{len(unfinished)} trial(s) did not finish; continue with: python -m rllib_amp.tune "
-            f"--config {exp.path} --name {name} --storage-path {storage} --resume"
+            f"--config {shlex.quote(exp.path)} --name {shlex.quote(name)} "
+            f"--storage-path {shlex.quote(storage)} --resume"
         )
     if failed:
         print(f"{len(failed)} trial(s) failed: {', '.join(str(r['trial_id']) for r in failed)}")
     return 1 if failed or unfinished else 0
+
+
+def _can_restore(exp_dir: str) -> bool:
+    from ray import tune
+
+    try:
+        return bool(tune.Tuner.can_restore(exp_dir))
+    except (OSError, ValueError):
+        return False
+
+
+def _fit_resources(exp: Any, args: argparse.Namespace, capacity: dict[str, float]) -> Any:
+    """On a local Ray (no autoscaler), a trial that needs more CPUs or GPUs than the machine
+    has would stay PENDING forever: exit 2 with the numbers and the fix, or scale it down
+    with --fit-to-machine. (On a cluster pending trials are normal: nodes can be added.)"""
+    from rllib_amp import resources as R
+
+    if not args.fit_to_machine:
+        R.check_fits(exp, capacity)
+        return exp
+    overrides = R.fit_overrides(exp, capacity)
+    if overrides:
+        exp = exp.with_overrides(overrides)
+        print(
+            f"--fit-to-machine: this machine's Ray has {R.format_amount(capacity)}; running "
+            "with " + " ".join(f"--set {k}={v}" for k, v in overrides.items())
+        )
+    return exp
 
 
 def _count_trials(exp: Any, num_samples: int | None) -> int:
@@ -354,10 +466,13 @@ def _count_trials(exp: Any, num_samples: int | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from rllib_amp.experiment import ExperimentError
+    from rllib_amp.resources import ResourceError
 
     # Tune's classic reporter, so the AMP columns show in the progress table.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    return main_wrapper("python -m rllib_amp.tune", run, argv, (ExperimentError,))
+    return main_wrapper(
+        "python -m rllib_amp.tune", run, argv, (ExperimentError, S.StorageError, ResourceError)
+    )
 
 
 if __name__ == "__main__":

@@ -265,6 +265,17 @@ def _seed(value: Any, exp: Mapping[str, Any], path: str) -> int | None:
     return value
 
 
+def _storage_path(value: Any, exp: Mapping[str, Any], path: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise _err(
+            path,
+            "storage_path",
+            f"got {value!r}; expected a local path, a shared mount or a URI such as "
+            f"s3://BUCKET/experiments",
+        )
+    return value
+
+
 def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]:
     """Dotted key -> Sampler; each edge value is checked by the validator of its section."""
     out: dict[str, Sampler] = {}
@@ -311,6 +322,7 @@ SECTIONS: dict[str, Callable[[Any, Mapping[str, Any], str], Any]] = {
     "stop": _stop,
     "checkpoint": _checkpoint,
     "seed": _seed,
+    "storage_path": _storage_path,
     "search": _search,
 }
 TOP_KEYS = tuple(SECTIONS)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rllib_amp import tune as cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TINY = """
 # a tiny sweep for tests
@@ -66,6 +70,10 @@ BAD_ARGS = [
     (["--set", "trainig.lr=0.1"], "unknown key 'trainig' (did you mean 'training'?)"),
     (["--set", "training.minibatch_size=1000"], "training.minibatch_size: 1000 is larger"),
     (["--resume", "--name", "never-ran"], "--resume: no experiment at"),
+    (["--storage-path", ""], "--storage-path: got an empty location"),
+    (["--storage-path", "bogus://bucket/x"], "--storage-path: pyarrow cannot open"),
+    (["--set", "storage_path=3"], "storage_path: got 3; expected a local path"),
+    (["--fit-to-machine", "--address", "127.0.0.1:1"], "--fit-to-machine: scales trials"),
 ]
 
 
@@ -186,3 +194,191 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     ]
     assert min(after_restore) > min(before), (iters, steps)
     assert rs[-1]["training_iteration"] == 12
+
+
+# -- storage --------------------------------------------------------------------------------
+def test_storage_flag_wins_over_the_file_which_wins_over_the_environment(
+    tmp_path, capsys, monkeypatch
+):
+    config = tmp_path / "tiny.yaml"
+    tiny_file(tmp_path)  # writes config
+    plain = config.read_text()
+    config.write_text(plain + f"storage_path: {tmp_path / 'from_file'}\n")
+    monkeypatch.setenv("RLLIB_AMP_STORAGE", str(tmp_path / "from_env"))
+
+    def target(*args: str) -> str:
+        assert cli.main(["--config", str(config), "--dry-run", *args]) == 0
+        return capsys.readouterr().out.splitlines()[0]
+
+    flag = str(tmp_path / "from_flag")
+    assert str(tmp_path / "from_flag" / "tiny") in target("--storage-path", flag)
+    assert str(tmp_path / "from_file" / "tiny") in target()
+    config.write_text(plain)
+    assert str(tmp_path / "from_env" / "tiny") in target()
+    uri = "s3://bucket/exp?endpoint_override=127.0.0.1:9&scheme=http"
+    assert "s3://bucket/exp/tiny?endpoint_override=127.0.0.1:9&scheme=http" in target(
+        "--storage-path", uri
+    )
+
+
+def test_unwritable_storage_exits_2_and_keeps_what_is_there(tmp_path, capsys):
+    precious = tmp_path / "results.parquet"
+    precious.write_bytes(b"earlier results")
+    rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", str(precious / "x")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--storage-path: cannot write to" in err, err
+    assert precious.read_bytes() == b"earlier results"
+
+
+def test_resume_from_a_uri_without_an_experiment_exits_2(tmp_path, capsys):
+    from tests.cluster.s3 import moto_s3
+
+    with moto_s3() as s3:
+        uri = s3.uri("experiments")
+        rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", uri, "--resume"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"--resume: no experiment at {cli.S.join(uri, 'tiny')}" in err
+        assert s3.list("experiments") == []  # nothing written
+
+
+# -- resources ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "sets, needs",
+    [
+        (["resources.num_env_runners=512"], "needs 513 CPUs"),
+        (["resources.num_learners=1", "resources.num_gpus_per_learner=64"], "and 64 GPUs"),
+    ],
+)
+def test_infeasible_trial_on_a_local_ray_exits_2_within_30_s(tmp_path, sets, needs):
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "rllib_amp.tune", "--config", tiny_file(tmp_path),
+           "--storage-path", str(store)]  # fmt: skip
+    for item in sets:
+        cmd += ["--set", item]
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m rllib_amp.tune: error: resources:")
+    assert needs in lines[0] and "would wait forever" in lines[0]
+    has = re.search(r"Ray has (\d+) CPUs", lines[0])
+    assert has, lines[0]
+    # The advice is concrete: overrides that fit this machine.
+    fix = dict(re.findall(r"--set (\S+)=(\S+)", lines[0]))
+    assert fix and "--fit-to-machine" in lines[0]
+    if "resources.num_env_runners" in fix:
+        assert int(fix["resources.num_env_runners"]) == int(has.group(1)) - 1
+    assert elapsed < 30, elapsed
+    assert not store.exists()  # nothing written
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(tmp_path):
+    """With --address the CLI does not judge resources: an autoscaler may add the nodes, so
+    a trial that does not fit now is PENDING, not an error."""
+    import ray
+
+    cmd = [sys.executable, "-m", "rllib_amp.tune", "--config", tiny_file(tmp_path),
+           "--address", ray.get_runtime_context().gcs_address, "--storage-path", str(tmp_path),
+           "--name", "pending", "--set", "resources.num_env_runners=64"]  # fmt: skip
+    log = open(tmp_path / "out.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if "PENDING" in (tmp_path / "out.log").read_text():
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+    assert "PENDING" in (tmp_path / "out.log").read_text()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 1  # unfinished trials, not bad input
+    log.close()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_infeasible_gpu_request_on_the_in_process_ray_exits_2(tmp_path, capsys):
+    rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path / "s"),
+                   "--set", "resources.num_gpus_per_learner=1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs 1 CPU and 1 GPU" in err and "0 GPUs" in err, err
+    assert "--set resources.num_gpus_per_learner=0" in err
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_fit_to_machine_runs_what_would_not_fit(tmp_path, capsys):
+    rc = cli.main(["--config", tiny_file(tmp_path, scales=[1024.0]), "--storage-path",
+                   str(tmp_path), "--name", "fit", "--fit-to-machine",
+                   "--set", "resources.num_gpus_per_learner=1",
+                   "--set", "stop.training_iteration=1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    assert "--fit-to-machine: this machine's Ray has" in out
+    assert "running with --set resources.num_gpus_per_learner=0" in out
+    table = pq.read_table(str(tmp_path / "fit" / "results.parquet")).to_pylist()
+    assert [(r["status"], r["training_iteration"]) for r in table] == [("DONE", 1)]
+
+
+@pytest.mark.slow  # Pong on 2 cores; the scaled-down config is in tests/unit/test_resources.py
+def test_fit_to_machine_runs_pong_ppo_on_this_machine(tmp_path):
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rllib_amp.tune", "--config", "tune_configs/pong_ppo_amp.yaml",
+         "--fit-to-machine", "--set", "stop.training_iteration=1", "--num-samples", "1",
+         "--storage-path", str(tmp_path), "--name", "pong"],
+        capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--fit-to-machine: this machine's Ray has" in proc.stdout
+    table = pq.read_table(str(tmp_path / "pong" / "results.parquet")).to_pylist()
+    assert len(table) == 2
+    assert all(r["status"] == "DONE" and r["training_iteration"] == 1 for r in table)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_an_iteration_in_which_no_episode_ended_reports_nan_not_a_crash(tmp_path, capsys):
+    """MountainCar's episodes last 200 steps, so a 100-step iteration ends none; RLlib then
+    leaves env_runners/episode_return_mean out, and Tune would end the sweep (as it did on
+    Pong's first iteration)."""
+    config = tmp_path / "long_episodes.yaml"
+    config.write_text(
+        "algorithm: PPO\nenv: MountainCar-v0\nmodel: {fcnet_hiddens: [8]}\n"
+        "training: {train_batch_size_per_learner: 100, minibatch_size: 50, num_epochs: 1}\n"
+        "resources: {num_env_runners: 0}\nstop: {training_iteration: 1}\n"
+    )
+    rc = cli.main(["--config", str(config), "--storage-path", str(tmp_path), "--name", "long"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    (row,) = pq.read_table(str(tmp_path / "long" / "results.parquet")).to_pylist()
+    assert row["status"] == "DONE" and row["training_iteration"] == 1
+    assert math.isnan(row["env_runners/episode_return_mean"])
+
+
+# -- quiet output ---------------------------------------------------------------------------
+@pytest.mark.usefixtures("ray_local")
+def test_default_job_prints_no_snapshot_warnings(tmp_path):
+    """The default experiment's checkpoint cadence, on two of its trials (both at once, as in
+    the default job): Tune's progress table and the summary, no repeated WARNING blocks."""
+    import ray
+    import yaml
+
+    with open(os.path.join(ROOT, cli.DEFAULT_CONFIG), encoding="utf-8") as f:
+        default = yaml.safe_load(f)
+    default["search"] = {"amp.growth_interval": {"grid": [10, 2000]}}
+    default["training"]["train_batch_size_per_learner"] = 500  # the default's smaller batch
+    config = tmp_path / "default_two_trials.yaml"
+    config.write_text(yaml.safe_dump(default))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rllib_amp.tune", "--config", str(config),
+         "--address", ray.get_runtime_context().gcs_address,
+         "--storage-path", str(tmp_path), "--name", "quiet"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "== Status ==" in output and "Trials of quiet" in output
+    assert "snapshotting has been triggered" not in output

@@ -1,15 +1,26 @@
-"""Learners publish the AMP metrics as Ray metrics, read back from the node's endpoint."""
+"""Learners publish the AMP metrics as Ray metrics, read back from the node's endpoint; the
+Grafana dashboard shipped for them queries exactly those metrics."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import threading
 import time
 import urllib.request
 from types import SimpleNamespace
 
+import pyarrow.parquet as pq
+
 from rllib_amp import experiment as E
+from rllib_amp import metrics as M
+from rllib_amp import tune as tune_cli
 from rllib_amp.metrics import tag_learners_with_trial
+from tests.cli.test_tune_cli import tiny_file
 from tests.integration.common import learner, train_until_learned
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _scrape(url: str) -> str:
@@ -58,3 +69,114 @@ def test_amp_metrics_reach_the_nodes_prometheus_endpoint(ray_metrics_url, tmp_pa
         assert found["skipped_steps"] >= 0 and 0 <= found["skip_fraction"] <= 1
     finally:
         algo.stop()
+
+
+# -- the Grafana dashboard ------------------------------------------------------------------
+def _dashboard() -> dict:
+    with open(M.GRAFANA_DASHBOARD, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_dashboard_is_a_valid_grafana_dashboard():
+    d = _dashboard()
+    assert d["title"] and d["uid"] and len(d["uid"]) <= 40  # Grafana's uid limit
+    assert isinstance(d["schemaVersion"], int) and d["panels"]
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in d["panels"]:
+        assert p["type"] == "timeseries" and p["title"] and p["datasource"] == "${datasource}"
+        g = p["gridPos"]
+        assert all(isinstance(g[k], int) for k in "hwxy") and g["w"] > 0 and g["x"] + g["w"] <= 24
+        # panels do not overlap on Grafana's 24-column grid
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & mine, p["title"]
+        cells |= mine
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs)) and all(t["expr"] for t in p["targets"])
+        for t in p["targets"]:
+            # every $variable a query uses is defined, and the legend names trial and module
+            assert set(re.findall(r"\$(\w+)", t["expr"])) <= set(variables), t["expr"]
+            assert "{{trial}}" in t["legendFormat"] and "{{module}}" in t["legendFormat"]
+    # shipped in the wheel, not only in a checkout
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        package_data = f.read().split("[tool.setuptools.package-data]", 1)[1].split("\n[")[0]
+    assert f'rllib_amp = ["{os.path.basename(M.GRAFANA_DASHBOARD)}"]' in package_data
+
+
+def test_dashboard_queries_exactly_the_metrics_the_learners_export():
+    d = _dashboard()
+    exported = {f"ray_{name}" for name, _ in M.RAY_METRICS.values()}
+    queried = {
+        name
+        for p in d["panels"]
+        for t in p["targets"]
+        for name in re.findall(r"\bray_\w+", t["expr"])
+    }
+    assert queried == exported
+    variable_queries = " ".join(str(v.get("definition", "")) for v in d["templating"]["list"])
+    assert set(re.findall(r"\bray_\w+", variable_queries)) <= exported
+    # grouped by the tags the gauges carry
+    for p in d["panels"]:
+        for t in p["targets"]:
+            assert all(f"{tag}=~" in t["expr"] for tag in M.TAG_KEYS), t["expr"]
+
+
+def test_dashboard_is_installed_where_rays_grafana_provisioning_reads(tmp_path, monkeypatch):
+    monkeypatch.delenv(M.GRAFANA_OUTPUT_DIR_ENV, raising=False)
+    monkeypatch.delenv(M.METRICS_ROOT_ENV, raising=False)
+    session = tmp_path / "session"
+    session.mkdir()
+    assert M.install_grafana_dashboard(str(session), wait_s=0.1) is None  # not a head
+    folder = session / "metrics" / "grafana" / "dashboards"
+    folder.mkdir(parents=True)
+    (folder / M.RAY_DEFAULT_DASHBOARD).write_text("{}")  # Ray has written its provisioning
+    path = M.install_grafana_dashboard(str(session))
+    assert path == str(folder / M.GRAFANA_DASHBOARD_NAME)
+    assert json.loads((folder / M.GRAFANA_DASHBOARD_NAME).read_text()) == _dashboard()
+    elsewhere = tmp_path / "provisioned"
+    monkeypatch.setenv(M.GRAFANA_OUTPUT_DIR_ENV, str(elsewhere))
+    assert M.install_grafana_dashboard(str(session)) == str(elsewhere / M.GRAFANA_DASHBOARD_NAME)
+
+
+def test_after_a_tiny_sweep_the_dashboards_metrics_are_on_the_prometheus_endpoint(
+    ray_metrics_url, tmp_path, capsys
+):
+    """The sweep CLI on the session's Ray; the endpoint is read while and after it runs."""
+    exported = sorted(f"ray_{name}" for name, _ in M.RAY_METRICS.values())
+    seen: dict[str, set[str]] = {name: set() for name in exported}
+    done = threading.Event()
+
+    def scrape() -> None:
+        while True:
+            text = _scrape(ray_metrics_url)
+            for name in exported:
+                seen[name] |= set(re.findall(rf'^{name}\{{[^}}]*trial="([^"]+)"', text, re.M))
+            if done.wait(1.0):
+                return
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        rc = tune_cli.main(
+            ["--config", tiny_file(tmp_path, iterations=3), "--storage-path", str(tmp_path),
+             "--name", "metrics", "--num-samples", "1"]
+        )  # fmt: skip
+        assert rc == 0, capsys.readouterr().out[-3000:]
+        deadline = time.time() + 30  # Ray exports metrics every few seconds
+        while time.time() < deadline and not all(seen.values()):
+            time.sleep(1)
+    finally:
+        done.set()
+        scraper.join(timeout=30)
+    trial_ids = {
+        r["trial_id"]
+        for r in pq.read_table(str(tmp_path / "metrics" / "results.parquet")).to_pylist()
+    }
+    for name in exported:
+        assert any(tid in tag for tag in seen[name] for tid in trial_ids), (name, seen[name])

@@ -1,0 +1,297 @@
+"""What one trial asks Ray for, whether a machine can ever give it, and how to scale it down.
+
+The request is RLlib's own: ``Algorithm.default_resource_request`` (the placement group Tune
+reserves per trial: the trial process, which hosts the local learner when
+``num_learners=0``, then one bundle per env runner and per learner). Nothing here repeats
+RLlib's arithmetic, so a change in RLlib changes the numbers here too.
+
+Example:
+    >>> exp = experiment.load("tune_configs/pong_ppo_amp.yaml")
+    >>> trial_request(exp.algorithm_config()).total
+    {'CPU': 9.0, 'GPU': 1.0}
+    >>> fit_overrides(exp, {"CPU": 2, "GPU": 0})  # doctest: +NORMALIZE_WHITESPACE
+    {'resources.num_gpus_per_learner': 0, 'resources.num_learners': 0,
+     'resources.num_env_runners': 1}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Resource kinds the check compares; custom resources are left to Ray.
+KINDS = ("CPU", "GPU")
+
+
+class ResourceError(ValueError):
+    """A trial can never get its resources here: the message has the numbers and the fix."""
+
+
+class _Keep(logging.Handler):
+    def __init__(self, records: list[logging.LogRecord]):
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _rllib_notices_held() -> Iterator[None]:
+    """RLlib logs notices about the run while it validates a config ("You are running PPO on
+    the new API stack!"). Held here, they are shown once the check passes, and dropped when
+    the check ends in a ResourceError: that run never starts, and the error stays one line."""
+    logger = logging.getLogger("ray.rllib")
+    held: list[logging.LogRecord] = []
+    handlers = logger.handlers[:]
+    logger.handlers = [_Keep(held)]
+    try:
+        yield
+    except ResourceError:
+        logger.handlers = handlers
+        raise
+    except BaseException:
+        logger.handlers = handlers
+        for record in held:
+            logger.handle(record)
+        raise
+    logger.handlers = handlers
+    for record in held:
+        logger.handle(record)
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """One trial's placement group, as RLlib asks Tune for it.
+
+    Attributes:
+        bundles: One mapping per process: the trial process first, then env runners,
+            then learners (RLlib's order).
+        num_env_runners: How many of the bundles after the first are env runners.
+        num_learners: How many of the last bundles are learners.
+    """
+
+    bundles: tuple[Mapping[str, float], ...]
+    num_env_runners: int
+    num_learners: int
+
+    @property
+    def total(self) -> dict[str, float]:
+        out = {k: 0.0 for k in KINDS}
+        for b in self.bundles:
+            for k in KINDS:
+                out[k] += float(b.get(k, 0) or 0)
+        return out
+
+    def fits(self, capacity: Mapping[str, float]) -> bool:
+        return all(self.total[k] <= capacity.get(k, 0.0) + 1e-9 for k in KINDS)
+
+    def describe(self) -> str:
+        """``1 CPU for the trial process, 8 env runners x 1 CPU, 1 learner x 1 GPU``."""
+        main, rest = self.bundles[0], list(self.bundles[1:])
+        runners = rest[: self.num_env_runners]
+        learners = rest[len(rest) - self.num_learners :] if self.num_learners else []
+        others = rest[len(runners) : len(rest) - len(learners)]
+        parts = [f"{_bundle(main)} for the trial process"]
+        for label, group in (("env runner", runners), ("learner", learners), ("actor", others)):
+            if group:
+                plural = "s" if len(group) > 1 else ""
+                parts.append(f"{len(group)} {label}{plural} x {_bundle(group[0])}")
+        return ", ".join(parts)
+
+
+def _num(v: float) -> str:
+    return f"{v:g}"
+
+
+def _bundle(b: Mapping[str, float]) -> str:
+    shown = [f"{_num(float(b[k]))} {k}" for k in KINDS if b.get(k)]
+    return " + ".join(shown) or "0 CPU"
+
+
+def format_amount(amounts: Mapping[str, float]) -> str:
+    """``{'CPU': 9, 'GPU': 1}`` -> ``9 CPUs and 1 GPU``."""
+    return " and ".join(
+        f"{_num(amounts.get(k, 0.0))} {k}{'' if amounts.get(k, 0.0) == 1 else 's'}" for k in KINDS
+    )
+
+
+def trial_request(config: Any) -> TrialRequest:
+    """The resources one trial of this AlgorithmConfig reserves, from RLlib itself.
+
+    Example:
+        >>> trial_request(PPOConfig().env_runners(num_env_runners=2)).total
+        {'CPU': 3.0, 'GPU': 0.0}
+    """
+    pgf = config.algo_class.default_resource_request(config.to_dict())
+    learners = config.num_learners if config.num_learners else 0
+    return TrialRequest(
+        bundles=tuple(dict(b) for b in pgf.bundles),
+        num_env_runners=int(config.num_env_runners or 0),
+        num_learners=int(learners),
+    )
+
+
+def _searched_resources(exp: Any) -> dict[str, list[Any]]:
+    """Searched ``resources.*`` keys -> the values their samplers can give at the edges."""
+    out: dict[str, list[Any]] = {}
+    for key, spec in exp.search.items():
+        if key.startswith("resources."):
+            out[key] = _edges(spec)
+    return out
+
+
+def _edges(spec: Any) -> list[Any]:
+    """Every listed value, or the two ends a range reaches: a parsed sampler knows them
+    (``Sampler.edges``); a spec still in its file form (``{grid: [...]}``) is read here."""
+    if hasattr(spec, "edges"):
+        return list(spec.edges())
+    ((kind, arg),) = spec.items()
+    if kind in ("grid", "choice"):
+        return list(arg)
+    return [arg[0], arg[1] - 1 if kind == "randint" else arg[1]]
+
+
+def requests(exp: Any) -> list[tuple[dict[str, Any], TrialRequest]]:
+    """One ``(searched resource values, request)`` per combination the search can make
+    (a single ``({}, request)`` when no resource key is searched)."""
+    searched = _searched_resources(exp)
+    keys = list(searched)
+    out = []
+    for values in itertools.product(*(searched[k] for k in keys)):
+        combo = dict(zip(keys, values))
+        config = exp.with_overrides(combo).algorithm_config() if combo else exp.algorithm_config()
+        out.append((combo, trial_request(config)))
+    return out
+
+
+def check_fits(exp: Any, capacity: Mapping[str, float]) -> None:
+    """Raises ResourceError when a trial of ``exp`` needs more than ``capacity`` (what the
+    local Ray has: ``ray.cluster_resources()``), with the numbers and the ``--set``
+    overrides that fit.
+
+    Example:
+        >>> check_fits(experiment.load("tune_configs/pong_ppo_amp.yaml"), {"CPU": 2})
+        Traceback (most recent call last):
+        ResourceError: resources: each trial needs 9 CPUs and 1 GPU (...) ...
+    """
+    with _rllib_notices_held():
+        _check_fits(exp, capacity)
+
+
+def _check_fits(exp: Any, capacity: Mapping[str, float]) -> None:
+    for combo, request in requests(exp):
+        if request.fits(capacity):
+            continue
+        where = "".join(f", with search.{k}={v!r}" for k, v in combo.items())
+        try:
+            fix = " ".join(f"--set {k}={v}" for k, v in _plan(exp, capacity).items())
+            advice = f"fit them with {fix} (or pass --fit-to-machine)"
+        except _CannotFit as e:
+            advice = str(e)
+        raise ResourceError(
+            f"resources: each trial needs {format_amount(request.total)} "
+            f"({request.describe()}{where}), but this machine's Ray has "
+            f"{format_amount(capacity)}, so the trials would wait forever; {advice}"
+        )
+
+
+def fit_overrides(exp: Any, capacity: Mapping[str, float]) -> dict[str, Any]:
+    """The ``resources.*`` overrides (dotted key -> value) that make every trial of ``exp``
+    fit ``capacity``; ``{}`` when it already fits.
+
+    Scales down in the order that costs the least: GPUs the machine does not have go first
+    (learners and env runners then run on CPU), a CPU learner moves into the trial process
+    (``num_learners=0``, RLlib's local learner, saving its CPU), then env runners go until
+    the rest fits (with none, the trial process samples itself). Raises ResourceError when
+    a searched resource key is too large (only the search can change it) or when even the
+    smallest setup does not fit.
+    """
+    with _rllib_notices_held():
+        try:
+            return _plan(exp, capacity)
+        except _CannotFit as e:
+            raise ResourceError(f"--fit-to-machine: {e}") from None
+
+
+class _CannotFit(Exception):
+    """Why no override fits; the text is the fix."""
+
+
+def _plan(exp: Any, capacity: Mapping[str, float]) -> dict[str, Any]:
+    cpus, gpus = capacity.get("CPU", 0.0), capacity.get("GPU", 0.0)
+    bad = [combo for combo, r in requests(exp) if not r.fits(capacity)]
+    if not bad:
+        return {}
+    for combo in bad:
+        if combo:
+            key, value = next(iter(combo.items()))
+            raise _CannotFit(
+                f"search.{key} can give {value!r}, which does not fit "
+                f"{format_amount(capacity)}; narrow the values of search.{key} to what fits"
+            )
+    over: dict[str, Any] = {}
+
+    def current() -> tuple[Any, TrialRequest]:
+        config = exp.with_overrides(over).algorithm_config()
+        return config, trial_request(config)
+
+    config, req = current()
+    if req.total["GPU"] > gpus:
+        if config.num_gpus_per_env_runner:
+            over["resources.num_gpus_per_env_runner"] = 0
+        per_learner = config.num_gpus_per_learner
+        if per_learner:
+            if per_learner > gpus:
+                over["resources.num_gpus_per_learner"] = 0
+            elif config.num_learners > 1:
+                over["resources.num_learners"] = max(1, int(gpus // per_learner))
+        config, req = current()
+    if req.total["CPU"] > cpus:
+        if config.num_learners >= 1 and not config.num_gpus_per_learner:
+            over["resources.num_learners"] = 0
+            config, req = current()
+        per_learner_cpus = config.num_cpus_per_learner
+        if req.total["CPU"] > cpus and per_learner_cpus != "auto" and per_learner_cpus > 1:
+            over["resources.num_cpus_per_learner"] = 1
+            config, req = current()
+        per_runner = float(config.num_cpus_per_env_runner or 0)
+        if req.total["CPU"] > cpus and config.num_env_runners and per_runner > 0:
+            rest = req.total["CPU"] - config.num_env_runners * per_runner
+            over["resources.num_env_runners"] = max(0, math.floor((cpus - rest) / per_runner))
+            config, req = current()
+    if not req.fits(capacity):
+        raise _CannotFit(
+            f"even scaled down ({req.describe()}) a trial needs {format_amount(req.total)}; "
+            f"lower num_cpus_per_env_runner / num_cpus_per_learner in the file's resources "
+            f"section, or run on a cluster (--address)"
+        )
+    return over
+
+
+def capacity_of(resources: Mapping[str, float]) -> dict[str, float]:
+    """The CPU and GPU amounts of a Ray resource mapping (``ray.cluster_resources()``)."""
+    return {k: float(resources.get(k, 0.0) or 0.0) for k in KINDS}
+
+
+def local_capacity() -> dict[str, float] | None:
+    """The CPUs and GPUs a Ray started in this process (``ray.init()``) will have, as Ray
+    itself works them out (cgroup limits, visible GPUs), before starting it; None if this
+    Ray version cannot tell.
+
+    Example:
+        >>> local_capacity()  # doctest: +SKIP
+        {'CPU': 2.0, 'GPU': 0.0}
+    """
+    try:
+        from ray._private.resource_and_label_spec import ResourceAndLabelSpec
+
+        spec = ResourceAndLabelSpec().resolve(is_head=True, node_ip_address="127.0.0.1")
+        return {"CPU": float(spec.num_cpus or 0), "GPU": float(spec.num_gpus or 0)}
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None

@@ -1,0 +1,282 @@
+"""Where experiments are written: a local path, a shared mount, or any URI pyarrow opens.
+
+A storage location is a string: ``/mnt/nfs/exp`` or ``~/ray_results`` (made absolute here), or a
+URI such as ``s3://bucket/exp``, ``gs://bucket/exp`` or
+``s3://bucket/exp?endpoint_override=127.0.0.1:9000&scheme=http``, which is passed to Tune
+untouched. Every file the CLI writes goes through ``pyarrow.fs``, so the same code serves all
+of them. On a multi-node cluster, ``check_reachable_from_nodes`` proves before any trial starts
+that every node sees what the driver wrote: since Ray 2.7 a trial whose node cannot reach the
+storage fails at its first checkpoint ("Unable to set up cluster storage").
+
+Example:
+    >>> uri = "s3://bucket/exp?endpoint_override=127.0.0.1:9000&scheme=http"
+    >>> join(uri, "cartpole", "results.parquet")
+    's3://bucket/exp/cartpole/results.parquet?endpoint_override=127.0.0.1:9000&scheme=http'
+    >>> to_uri(uri, "bucket/exp/cartpole/trial_0/checkpoint_000001")
+    's3://bucket/exp/cartpole/trial_0/checkpoint_000001?endpoint_override=127.0.0.1:9000&scheme=http'
+    >>> resolve(flag=None, from_file=None, env={})  # doctest: +SKIP
+    '/home/me/ray_results'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import secrets
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_STORAGE = "~/ray_results"
+# Set on every node of a cluster (see cluster.yaml) so the CLI writes to shared storage by
+# default; an experiment file's storage_path and --storage-path win over it.
+STORAGE_ENV = "RLLIB_AMP_STORAGE"
+FIX = (
+    "use storage every node can reach: an s3:// or gs:// URI (--storage-path "
+    "s3://BUCKET/experiments) or a shared mount (NFS, EFS) at the same path on every node"
+)
+# How long a node may take to start the tiny task that reads the marker.
+REACH_TIMEOUT_S = 120.0
+
+
+class StorageError(ValueError):
+    """Storage that cannot be used: the message names the location, the cause and the fix."""
+
+
+def is_uri(location: str) -> bool:
+    """True for ``scheme://...``; ``runs:2`` or ``C:\\runs`` are local paths."""
+    return "://" in location and len(urllib.parse.urlparse(location).scheme) > 1
+
+
+def resolve(
+    flag: str | None,
+    from_file: str | None,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """The storage to use: ``--storage-path``, else the file's ``storage_path``, else
+    ``$RLLIB_AMP_STORAGE``, else ``~/ray_results``. Local paths become absolute; URIs are
+    returned untouched.
+
+    Example:
+        >>> resolve("s3://b/x", "/mnt/other", {})
+        's3://b/x'
+    """
+    env = os.environ if env is None else env
+    for where, value in (
+        ("--storage-path", flag),
+        ("storage_path", from_file),
+        (STORAGE_ENV, env.get(STORAGE_ENV)),
+    ):
+        if value is None:
+            continue
+        if not value.strip():
+            raise StorageError(
+                f"{where}: got an empty location; pass a local path, a shared mount or a "
+                f"URI such as s3://BUCKET/experiments"
+            )
+        return _normalise(value.strip(), where)
+    return _normalise(DEFAULT_STORAGE, "default storage")
+
+
+def _normalise(location: str, where: str) -> str:
+    if is_uri(location):
+        filesystem(location, where=where)  # an unknown scheme is an error now, not mid-run
+        return location
+    return os.path.abspath(os.path.expanduser(location))
+
+
+def filesystem(location: str, *, where: str = "--storage-path") -> tuple[Any, str]:
+    """``(pyarrow FileSystem, path on it)`` for a location; StorageError if pyarrow cannot."""
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(location if is_uri(location) else os.path.abspath(location))
+    except (ValueError, OSError, TypeError) as e:
+        raise StorageError(
+            f"{where}: pyarrow cannot open {location!r} ({_first_line(e)}); pass a local "
+            f"path, a shared mount or a URI such as s3://BUCKET/experiments, "
+            f"gs://BUCKET/experiments, abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/experiments"
+        ) from None
+
+
+def join(location: str, *parts: str) -> str:
+    """``location/part/...``; a URI keeps its scheme and query."""
+    if not is_uri(location):
+        return os.path.join(location, *parts)
+    u = urllib.parse.urlparse(location)
+    return urllib.parse.urlunparse(u._replace(path=posixpath.join(u.path or "/", *parts)))
+
+
+def to_uri(location: str, fs_path: str) -> str:
+    """A path on ``location``'s filesystem (as Tune reports checkpoints) as a full location
+    with ``location``'s scheme and query, so it can be pasted back into the CLI.
+
+    pyarrow's paths start with the bucket (``s3://``, ``gs://``) or the container
+    (``abfs://container@account...``); filesystems addressed by host (``hdfs://``) and
+    ``file://`` give absolute paths.
+    """
+    if not is_uri(location):
+        return fs_path
+    u = urllib.parse.urlparse(location)
+    if fs_path.startswith("/"):
+        return urllib.parse.urlunparse(u._replace(path=fs_path))
+    first, _, rest = fs_path.partition("/")
+    named = {u.netloc, u.netloc.split("@", 1)[0], u.netloc.rsplit("@", 1)[-1]}
+    netloc = u.netloc if first in named else first
+    return urllib.parse.urlunparse(u._replace(netloc=netloc, path="/" + rest if rest else ""))
+
+
+def exists(location: str) -> bool:
+    """True when a file or folder is at ``location``."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(location)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def write_bytes(location: str, data: bytes) -> None:
+    """Writes ``data`` to the file at ``location`` (its folder is made if needed)."""
+    fs, path = filesystem(location)
+    parent = posixpath.dirname(path)
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def read_bytes(location: str) -> bytes:
+    """The content of the file at ``location``."""
+    fs, path = filesystem(location)
+    with fs.open_input_stream(path) as f:
+        return bytes(f.read())
+
+
+def delete_file(location: str) -> None:
+    """Removes the file at ``location``; a file already gone is fine."""
+    fs, path = filesystem(location)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(path)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def _read_marker(location: str) -> bytes:
+    # Runs on each node (a Ray task): pyarrow only, so it has no state to carry over.
+    return read_bytes(location)
+
+
+def check_writable(location: str) -> None:
+    """Writes, reads back and removes a marker file: StorageError with the cause if any step
+    fails (a missing bucket, no credentials, a read-only folder).
+
+    Example:
+        >>> check_writable("/tmp")  # returns None when the driver can use it
+    """
+    marker = _marker(location)
+    created_root = _make_root(location)
+    try:
+        token = secrets.token_bytes(16)
+        write_bytes(marker, token)
+        if read_bytes(marker) != token:
+            raise OSError("the marker read back differs from what was written")
+    except (OSError, ValueError) as e:
+        _cleanup(marker, location, created_root)
+        raise StorageError(
+            f"--storage-path: cannot write to {location} ({_first_line(e)}); check the "
+            f"location and its permissions or credentials, or pass another --storage-path"
+        ) from None
+    _cleanup(marker, location, created_root)
+
+
+def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOUT_S) -> int:
+    """Proves every alive node of the connected Ray cluster reads what the driver wrote.
+
+    Writes a marker with random content, reads it from a tiny task pinned to each node
+    (``NodeAffinitySchedulingStrategy``, 0 CPUs, so busy or CPU-less nodes answer too), and
+    removes it. Returns the number of nodes checked (nothing is checked on a single node);
+    raises StorageError naming the nodes that could not read it, and the fix.
+
+    Example:
+        >>> ray.init(address="auto")  # doctest: +SKIP
+        >>> check_reachable_from_nodes("s3://bucket/experiments")  # doctest: +SKIP
+        3
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) < 2:
+        return len(nodes)
+    marker = _marker(location)
+    created_root = _make_root(location)
+    token = secrets.token_bytes(16)
+    try:
+        write_bytes(marker, token)
+    except (OSError, ValueError) as e:
+        _cleanup(marker, location, created_root)
+        raise StorageError(
+            f"--storage-path: cannot write to {location} ({_first_line(e)}); {FIX}"
+        ) from None
+    reader = ray.remote(_read_marker)
+    refs = {
+        reader.options(
+            num_cpus=0,
+            max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+        ).remote(marker): n
+        for n in nodes
+    }
+    try:
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        failures = [f"{_node_name(refs[r])}: no answer within {timeout_s:.0f} s" for r in pending]
+        for r in ready:
+            try:
+                got = ray.get(r)
+            except Exception as e:  # the task's error says why this node cannot read it
+                cause = getattr(e, "cause", None) or e
+                failures.append(f"{_node_name(refs[r])}: {_first_line(cause)}")
+                continue
+            if got != token:
+                failures.append(f"{_node_name(refs[r])}: read a different file at that path")
+        for r in pending:
+            ray.cancel(r, force=True)
+    finally:
+        _cleanup(marker, location, created_root)
+    if failures:
+        raise StorageError(
+            f"--storage-path: {location} is not reachable from {len(failures)} of "
+            f"{len(nodes)} nodes ({'; '.join(failures)}), so their trials could not save "
+            f"checkpoints; {FIX}"
+        )
+    return len(nodes)
+
+
+def _node_name(node: Mapping[str, Any]) -> str:
+    return f"node {node['NodeID'][:8]} at {node.get('NodeManagerAddress', '?')}"
+
+
+def _marker(location: str) -> str:
+    return join(location, f".rllib-amp-storage-check-{secrets.token_hex(8)}")
+
+
+def _make_root(location: str) -> bool:
+    """True when ``location`` is a local folder that does not exist yet (writing the marker
+    makes it; ``_cleanup`` removes it again if it is still empty)."""
+    return not is_uri(location) and not exists(location)
+
+
+def _cleanup(marker: str, location: str, created_root: bool) -> None:
+    import pyarrow.fs as pafs
+
+    try:
+        delete_file(marker)
+        if created_root:
+            fs, path = filesystem(location)
+            if not fs.get_file_info(pafs.FileSelector(path)):
+                fs.delete_dir(path)  # only while empty: nothing of anyone else's goes
+    except OSError:
+        pass

@@ -1,0 +1,98 @@
+"""Storage locations: resolution order, URI joins, and reads/writes through pyarrow (a local
+folder and moto's S3 server)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rllib_amp import storage as S
+from tests.cluster.s3 import moto_s3
+
+URI = "s3://bucket/exp?endpoint_override=127.0.0.1:9000&scheme=http"
+
+
+def test_flag_wins_over_file_which_wins_over_env_which_wins_over_default(tmp_path):
+    env = {S.STORAGE_ENV: str(tmp_path / "env")}
+    assert S.resolve(URI, str(tmp_path / "file"), env) == URI
+    assert S.resolve(None, str(tmp_path / "file"), env) == str(tmp_path / "file")
+    assert S.resolve(None, None, env) == str(tmp_path / "env")
+    assert S.resolve(None, None, {}) == os.path.expanduser("~/ray_results")
+
+
+def test_local_paths_become_absolute_and_uris_stay_untouched(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert S.resolve("runs", None, {}) == str(tmp_path / "runs")
+    assert S.resolve("~/x", None, {}) == os.path.expanduser("~/x")
+    assert S.resolve(URI, None, {}) == URI  # not '<cwd>/s3:/bucket/exp'
+
+
+@pytest.mark.parametrize(
+    "flag, file, env, fragment",
+    [
+        ("", None, {}, "--storage-path: got an empty location"),
+        (None, "  ", {}, "storage_path: got an empty location"),
+        (None, None, {S.STORAGE_ENV: ""}, f"{S.STORAGE_ENV}: got an empty location"),
+        ("bogus://bucket/x", None, {}, "--storage-path: pyarrow cannot open 'bogus://bucket/x'"),
+    ],
+)
+def test_bad_locations_name_where_they_came_from_and_the_fix(flag, file, env, fragment):
+    with pytest.raises(S.StorageError) as e:
+        S.resolve(flag, file, env)
+    assert fragment in str(e.value) and "s3://" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "location, fs_path, uri",
+    [
+        (URI, "bucket/exp/a/checkpoint_000001",
+         "s3://bucket/exp/a/checkpoint_000001?endpoint_override=127.0.0.1:9000&scheme=http"),
+        ("gs://b/x", "b/x/t/checkpoint_000000", "gs://b/x/t/checkpoint_000000"),
+        ("abfs://c@acct.dfs.core.windows.net/x", "c/x/t",
+         "abfs://c@acct.dfs.core.windows.net/x/t"),
+        ("file:///tmp/r", "/tmp/r/t", "file:///tmp/r/t"),
+        ("/tmp/r", "/tmp/r/t", "/tmp/r/t"),
+    ],
+)  # fmt: skip
+def test_checkpoint_paths_become_uris_on_the_same_storage(location, fs_path, uri):
+    assert S.to_uri(location, fs_path) == uri
+
+
+def test_join_keeps_the_query():
+    assert S.join(URI, "cartpole", "results.parquet") == (
+        "s3://bucket/exp/cartpole/results.parquet?endpoint_override=127.0.0.1:9000&scheme=http"
+    )
+    assert S.join("/a/b", "c") == "/a/b/c"
+
+
+def test_local_write_read_and_a_check_that_leaves_nothing_behind(tmp_path):
+    target = S.join(str(tmp_path), "new", "deep", "f.bin")
+    S.write_bytes(target, b"abc")
+    assert S.read_bytes(target) == b"abc" and S.exists(target)
+    fresh = str(tmp_path / "fresh")
+    S.check_writable(fresh)
+    assert not os.path.exists(fresh)  # made for the check, removed again (it was empty)
+    S.check_writable(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["new"]
+
+
+def test_unwritable_storage_is_one_line_and_what_was_there_stays(tmp_path):
+    existing = tmp_path / "results.parquet"
+    existing.write_bytes(b"precious")
+    with pytest.raises(S.StorageError) as e:
+        S.check_writable(str(existing / "sub"))  # a file where a folder should be
+    assert str(e.value).startswith(f"--storage-path: cannot write to {existing / 'sub'}")
+    assert "\n" not in str(e.value)
+    assert existing.read_bytes() == b"precious"
+
+
+def test_s3_write_read_through_the_uri_on_a_real_s3_server():
+    with moto_s3() as s3:
+        uri = s3.uri("exp")
+        S.check_writable(uri)
+        S.write_bytes(S.join(uri, "name", "results.parquet"), b"rows")
+        assert s3.list("exp") == [f"{s3.bucket}/exp/name", f"{s3.bucket}/exp/name/results.parquet"]
+        assert S.read_bytes(S.join(uri, "name", "results.parquet")) == b"rows"
+        assert S.exists(S.join(uri, "name")) and not S.exists(S.join(uri, "other"))
