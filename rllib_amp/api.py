@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.tune.registry import get_trainable_cls
 from ray.tune.search.sample import Domain
 
+from rllib_amp.algorithm_checkpoints import amp_algorithm_class
 from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config, amp_learner_class
 from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
 from rllib_amp.loss_scaling import check_no_rllib_grad_scaler
@@ -48,7 +50,8 @@ def with_amp(
 
     Like RLlib's own builder methods, this changes ``config`` in place and returns it. It
     also sets the EnvRunner class (autocast inference, ``AmpSettings.inference_dtype``) for
-    single- or multi-agent, so call it after ``config.multi_agent(...)``.
+    single- or multi-agent, so call it after ``config.multi_agent(...)``, and the Algorithm
+    class to one whose restores are all or nothing (``algorithm_checkpoints``).
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -93,6 +96,11 @@ def with_amp(
         searched = {k: v for k, v in searched.items() if k not in fields}
     config.learners(learner_class=amp_learner_class(config.learner_class))
     store_in_config(config, settings, searched=searched)
+    algo_class = config.algo_class
+    if isinstance(algo_class, str):  # a name registered with Tune, e.g. "PPO"
+        algo_class = get_trainable_cls(algo_class)
+    if algo_class is not None:
+        config.algo_class = amp_algorithm_class(algo_class)
     # Autocast inference on the EnvRunners, unless the user brought their own EnvRunner.
     if config.env_runner_cls in (None, *_AMP_ENV_RUNNERS):
         config.env_runners(

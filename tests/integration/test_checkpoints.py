@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import pytest
 from ray.rllib.algorithms.algorithm import Algorithm
 
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME
 from tests.integration.common import (
     amp_config,
     learner,
@@ -41,6 +44,7 @@ def test_save_and_from_checkpoint_continue_with_exact_scaler_state(algo, tmp_pat
         w = weights(a)
     finally:
         a.stop()
+    _assert_manifest_lists_every_file(tmp_path)
 
     b = Algorithm.from_checkpoint(str(tmp_path))
     try:
@@ -61,6 +65,29 @@ def test_save_and_from_checkpoint_continue_with_exact_scaler_state(algo, tmp_pat
         c.stop()
 
 
+def _files(path):
+    return {
+        os.path.relpath(os.path.join(d, n), path).replace(os.sep, "/")
+        for d, _, names in os.walk(path)
+        for n in names
+    }
+
+
+def _assert_manifest_lists_every_file(path):
+    """The manifest holds a checksum of every file of the checkpoint, written after them."""
+    with open(path / MANIFEST_FILE_NAME) as f:
+        listed = json.load(f)["files"]
+    assert set(listed) == _files(path) - {MANIFEST_FILE_NAME}
+    for part in (
+        "rllib_checkpoint.json",
+        "algorithm_state.pkl",
+        "env_runner/state.pkl",
+        "learner_group/learner/state.pkl",
+        "learner_group/learner/rl_module/default_policy/module_state.pkl",
+    ):
+        assert part in listed
+
+
 def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, caplog):
     a = tiny_config("PPO").build_algo()
     try:
@@ -69,6 +96,7 @@ def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, cap
         w = weights(a)
     finally:
         a.stop()
+    assert not (tmp_path / MANIFEST_FILE_NAME).exists()  # stock RLlib writes none
     b = amp_config("PPO", dtype="float16", init_scale=1024.0).build_algo()
     try:
         caplog.set_level(logging.INFO, logger="rllib_amp")
@@ -76,7 +104,8 @@ def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, cap
         b.restore_from_path(str(tmp_path))
         msgs = [r for r in caplog.records if r.name.startswith("rllib_amp")]
         assert [(r.levelname, r.amp_event, r.amp_fields) for r in msgs] == [
-            ("INFO", "fresh_scalers", {"modules": ["default_policy"], "reason": "none_saved"})
+            ("INFO", "no_manifest", {"path": str(tmp_path), "files": len(_files(tmp_path))}),
+            ("INFO", "fresh_scalers", {"modules": ["default_policy"], "reason": "none_saved"}),
         ]
         assert _scaler_view(b)["default_policy"] == (1024.0, 0, 0, 0)
         assert same(weights(b), w)  # nothing else about the restore changed

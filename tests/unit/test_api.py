@@ -135,3 +135,34 @@ def test_with_amp_twice_keeps_tune_samplers_unless_the_field_is_given():
     assert block["init_scale"] is sampler  # kept
     assert block["growth_interval"] == 5  # replaced by the value given
     assert block["dtype"] == "float16"
+
+
+@pytest.mark.parametrize(
+    "config_cls, algo_cls_name",
+    [(PPOConfig, "AmpPPO"), (DQNConfig, "AmpDQN"), (APPOConfig, "AmpAPPO")],
+)
+def test_with_amp_sets_an_algorithm_class_with_verified_restores(config_cls, algo_cls_name):
+    from rllib_amp.algorithm_checkpoints import AmpAlgorithmMixin
+
+    stock = config_cls().algo_class
+    cfg = with_amp(config_cls())
+    assert cfg.algo_class.__name__ == algo_cls_name
+    assert issubclass(cfg.algo_class, stock) and issubclass(cfg.algo_class, AmpAlgorithmMixin)
+    assert with_amp(cfg).algo_class is cfg.algo_class  # not wrapped twice
+
+
+def test_amp_algorithm_class_wraps_user_algorithms_once():
+    from ray.rllib.algorithms.ppo import PPO
+
+    from rllib_amp.algorithm_checkpoints import AmpPPO, amp_algorithm_class
+
+    class MyPPO(PPO):
+        pass
+
+    cls = amp_algorithm_class(MyPPO)
+    assert cls.__name__ == "AmpMyPPO" and issubclass(cls, MyPPO)
+    assert amp_algorithm_class(MyPPO) is cls and amp_algorithm_class(cls) is cls
+    assert amp_algorithm_class(PPO) is AmpPPO
+    assert with_amp(PPOConfig(algo_class=MyPPO)).algo_class is cls
+    with pytest.raises(TypeError, match="Algorithm"):
+        amp_algorithm_class(int)
