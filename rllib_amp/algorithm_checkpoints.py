@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from ray.rllib.algorithms.algorithm import Algorithm
@@ -74,7 +75,6 @@ class AmpAPPO(AmpAlgorithmMixin, APPO):
 
 
 _KNOWN: dict[type, type] = {PPO: AmpPPO, DQN: AmpDQN, APPO: AmpAPPO}
-_MADE: dict[type, type] = {}
 
 
 def amp_algorithm_class(base: type) -> type:
@@ -85,19 +85,19 @@ def amp_algorithm_class(base: type) -> type:
         >>> issubclass(amp_algorithm_class(DQN), DQN)
         True
     """
-    if not isinstance(base, type) or not issubclass(base, Algorithm):
-        raise TypeError(
-            f"amp_algorithm_class: expected a subclass of RLlib's Algorithm, got {base!r}; "
-            f"pass e.g. PPO or your own Algorithm subclass"
-        )
-    if issubclass(base, AmpAlgorithmMixin):
-        return base
-    if base in _KNOWN:
-        return _KNOWN[base]
-    if base not in _MADE:
-        _MADE[base] = type(
-            f"Amp{base.__name__}",
-            (AmpAlgorithmMixin, base),
-            {"__doc__": f"{base.__name__} with verified restores and checksummed checkpoints."},
-        )
-    return _MADE[base]
+    if isinstance(base, type) and issubclass(base, Algorithm):
+        wrapped = issubclass(base, AmpAlgorithmMixin)
+        return base if wrapped else _KNOWN.get(base) or _made_class(base)
+    raise TypeError(
+        f"amp_algorithm_class: expected a subclass of RLlib's Algorithm, got {base!r}; "
+        f"pass e.g. PPO or your own Algorithm subclass"
+    )
+
+
+@functools.cache
+def _made_class(base: type) -> type:
+    return type(
+        f"Amp{base.__name__}",
+        (AmpAlgorithmMixin, base),
+        {"__doc__": f"{base.__name__} with verified restores and checksummed checkpoints."},
+    )
