@@ -55,6 +55,9 @@ _MANIFEST_SEARCH_DEPTH = 4
 # COMPONENT_OPTIMIZER keys, and RLModule's own state files. Metrics may hold nan legitimately.
 _FINITE_KEYS = ("rl_module", "optimizer")
 _MODULE_STATE_STEM = "module_state"
+# The state files RLlib's restore_from_path loads (Checkpointable.STATE_FILE_NAME, Algorithm's
+# and RLModule's); other pickles (class_and_ctor_args) are read by from_checkpoint at most.
+_RESTORED_STEMS = ("state", "algorithm_state", _MODULE_STATE_STEM)
 # pyarrow's filesystem type names that differ from the URI scheme users write.
 _SCHEMES = {"gcs": "gs"}
 
@@ -267,18 +270,33 @@ def _check_checksum(
 def _check_content(fs: Any, full: str, data: bytes) -> None:
     name = posixpath.basename(full)
     stem, ext = posixpath.splitext(name)
+    if ext == ".msgpack":
+        from ray.rllib.utils.checkpoints import try_import_msgpack
+
+        # As RLlib: without msgpack_numpy installed no msgpack checkpoint loads at all.
+        msgpack = try_import_msgpack(error=True)
     try:
         if ext == ".pkl":
             obj = pickle.loads(data)  # noqa: S301 - the user's own checkpoint, as RLlib loads it
         elif ext == ".msgpack":
-            from ray.rllib.utils.checkpoints import try_import_msgpack
-
-            obj = try_import_msgpack(error=True).unpackb(data, strict_map_key=False)
+            obj = msgpack.unpackb(data, strict_map_key=False)
         elif ext == ".json":
             obj = json.loads(data.decode("utf-8"))
         else:
             return
-    except Exception as e:  # any parse failure means a damaged file
+    except (ImportError, AttributeError) as e:
+        # A class the pickle names is missing here: the file may be fine. RLlib's restore
+        # never reads the other files (from_checkpoint falls back past such a class file).
+        if stem in _RESTORED_STEMS:
+            _fail(
+                fs,
+                full,
+                f"cannot be loaded here ({type(e).__name__}: {e}); install or import what it "
+                f"refers to",
+                advice="",
+            )
+        return
+    except Exception as e:  # any other parse failure means a damaged file
         _fail(fs, full, f"is truncated or corrupted ({type(e).__name__}: {e})")
     parts = [("", obj)] if stem == _MODULE_STATE_STEM else _finite_parts(obj)
     for key, part in parts:
@@ -323,10 +341,11 @@ def _nonfinite(obj: Any, where: str) -> Iterator[tuple[str, int, int]]:
                 yield where, int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
 
 
-def _fail(fs: Any, full: str, problem: str, *, advice: str = "") -> NoReturn:
+def _fail(
+    fs: Any, full: str, problem: str, *, advice: str = "Restore from another checkpoint."
+) -> NoReturn:
     shown = display_path(fs, full)
     raise CheckpointError(
-        f"{shown}: checkpoint file {problem}; nothing was restored. "
-        f"{advice or 'Restore from another checkpoint.'}",
+        f"{shown}: checkpoint file {problem}; nothing was restored. {advice}".rstrip(),
         path=shown,
     )

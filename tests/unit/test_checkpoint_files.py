@@ -210,3 +210,24 @@ def test_checkpoint_error_survives_pickling_with_its_path():
 
 def test_no_folder_is_left_to_rllib(tmp_path):
     assert verify_checkpoint(tmp_path / "nothing_here") is None
+
+
+# A pickle naming a class from a module this process cannot import.
+_MISSING_CLASS_PICKLE = b"cno_such_module_for_rllib_amp_tests\nThing\n."
+
+
+def test_class_file_naming_a_missing_class_is_no_damage(tmp_path):
+    """RLlib's restore never reads class_and_ctor_args.pkl; from_checkpoint falls back past it."""
+    ck = _checkpoint(tmp_path, manifest=False)
+    (ck / "env_runner" / "class_and_ctor_args.pkl").write_bytes(_MISSING_CLASS_PICKLE)
+    write_manifest(ck)
+    assert verify_checkpoint(ck) is not None
+
+
+def test_state_file_naming_a_missing_class_is_refused_before_load(tmp_path):
+    ck = _checkpoint(tmp_path, manifest=False)
+    (ck / ENV_RUNNER).write_bytes(_MISSING_CLASS_PICKLE)
+    write_manifest(ck)
+    with pytest.raises(CheckpointError, match="cannot be loaded here") as e:
+        verify_checkpoint(ck)
+    assert e.value.path == str(ck / ENV_RUNNER)
