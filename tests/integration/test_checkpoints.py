@@ -207,6 +207,7 @@ def test_resume_falls_back_past_a_damaged_latest_checkpoint(tmp_path):
         "checkpoint_000000",
         "checkpoint_000001",
     ]
+    assert (trial / "checkpoint_000001" / MANIFEST_FILE_NAME).exists()  # Tune saves through us
     damaged = trial / "checkpoint_000001" / "env_runner" / "state.pkl"
     damaged.write_bytes(damaged.read_bytes()[:3])
     marker.unlink()
