@@ -171,8 +171,9 @@ def verify_checkpoint(
         return None
     files = list_files(fs, root)
     manifest_path, expected = _find_manifest(fs, root, files)
+    present = set(files)
     for rel in expected:
-        if rel not in files:
+        if rel not in present:
             _fail(
                 fs,
                 posixpath.join(root, rel),
