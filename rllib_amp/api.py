@@ -9,14 +9,23 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.tune.registry import get_trainable_cls
+from ray.tune.search.sample import Domain
 
+from rllib_amp.algorithm_checkpoints import amp_algorithm_class
 from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config, amp_learner_class
 from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
 from rllib_amp.loss_scaling import check_no_rllib_grad_scaler
-from rllib_amp.settings import AmpSettings, settings_from_config, store_in_config
+from rllib_amp.settings import (
+    AMP_CONFIG_KEY,
+    AmpSettings,
+    settings_from_config,
+    store_in_config,
+)
 
 __all__ = ["settings_from_config", "with_amp"]
 
@@ -30,18 +39,27 @@ def with_amp(
 
     Args:
         config: A PPOConfig, DQNConfig or APPOConfig (new API stack, torch).
-        settings: AmpSettings to use; defaults to ``AmpSettings()`` (precision "auto").
-        **fields: AmpSettings fields that override ``settings`` (validated).
+        settings: AmpSettings to use. They replace whatever AMP settings ``config`` holds.
+            Without them, the settings already in ``config`` (from an earlier ``with_amp``)
+            are kept, or ``AmpSettings()`` (precision "auto") if it has none.
+        **fields: AmpSettings fields that override those settings (validated).
+
+    So calling it twice only changes what the second call names: ``with_amp(with_amp(cfg,
+    init_scale=1024), growth_interval=5)`` keeps ``init_scale=1024`` (and a Tune sampler
+    stored by the experiment builder at a field stays unless that field is given).
 
     Like RLlib's own builder methods, this changes ``config`` in place and returns it. It
     also sets the EnvRunner class (autocast inference, ``AmpSettings.inference_dtype``) for
-    single- or multi-agent, so call it after ``config.multi_agent(...)``.
+    single- or multi-agent, so call it after ``config.multi_agent(...)``, and the Algorithm
+    class to one whose restores are all or nothing (``algorithm_checkpoints``).
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig
         >>> cfg = with_amp(PPOConfig(), enabled=False)
         >>> settings_from_config(cfg).enabled
         False
+        >>> settings_from_config(with_amp(with_amp(PPOConfig(), init_scale=1024))).init_scale
+        1024.0
     """
     if not isinstance(config, AlgorithmConfig):
         raise TypeError(
@@ -70,11 +88,19 @@ def with_amp(
             f"with_amp: settings must be an AmpSettings, got {type(settings).__name__}; "
             f"use AmpSettings.from_dict({settings!r}) or pass fields as keywords"
         )
-    settings = settings or AmpSettings()
+    searched: dict[str, Any] = {}
+    if settings is None:
+        settings, searched = _settings_in(config)
     if fields:
         settings = settings.replace(**fields)
+        searched = {k: v for k, v in searched.items() if k not in fields}
     config.learners(learner_class=amp_learner_class(config.learner_class))
-    store_in_config(config, settings)
+    store_in_config(config, settings, searched=searched)
+    algo_class = config.algo_class
+    if isinstance(algo_class, str):  # a name registered with Tune, e.g. "PPO"
+        algo_class = get_trainable_cls(algo_class)
+    if algo_class is not None:
+        config.algo_class = amp_algorithm_class(algo_class)
     # Autocast inference on the EnvRunners, unless the user brought their own EnvRunner.
     if config.env_runner_cls in (None, *_AMP_ENV_RUNNERS):
         config.env_runners(
@@ -83,3 +109,19 @@ def with_amp(
             else AmpSingleAgentEnvRunner
         )
     return config
+
+
+def _is_sampler(value: Any) -> bool:
+    return isinstance(value, Domain) or (
+        isinstance(value, Mapping) and set(value) == {"grid_search"}
+    )
+
+
+def _settings_in(config: AlgorithmConfig) -> tuple[AmpSettings, dict[str, Any]]:
+    """The AmpSettings already stored in ``config`` and the fields that hold Tune samplers."""
+    block = (config.learner_config_dict or {}).get(AMP_CONFIG_KEY)
+    if not isinstance(block, Mapping):
+        return settings_from_config(config), {}
+    searched = {k: v for k, v in block.items() if _is_sampler(v)}
+    plain = {k: v for k, v in block.items() if k not in searched}
+    return AmpSettings.from_dict(plain, where="amp"), searched

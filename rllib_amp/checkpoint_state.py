@@ -1,4 +1,4 @@
-"""Scaler state inside ``Learner.get_state()``, and checking checkpoint files before a restore.
+"""Scaler state inside ``Learner.get_state()`` (checkpoint files are checked in checkpoint_files).
 
 RLlib leaves the loss scale out of its learner state, so a restored run would restart at
 ``init_scale``. The learner adds ``{AMP_STATE_KEY: {module_id: PolicyScaler.state_dict()}}``
@@ -15,63 +15,20 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
-import pickle
 from collections.abc import Mapping
 from typing import Any
 
+# Restores are checked file by file in checkpoint_files; the error is importable from here too.
+from rllib_amp.checkpoint_files import CheckpointError
 from rllib_amp.log_events import event
 from rllib_amp.scaler import PolicyScaler
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["AMP_STATE_KEY", "CheckpointError", "restore_scaler_state", "scaler_state"]
+
 # The key of the scalers' state inside Learner.get_state().
 AMP_STATE_KEY = "amp_scalers"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file cannot be read; nothing of it was restored. ``path``: that file."""
-
-    def __init__(self, message: str, path: str = "") -> None:
-        super().__init__(message)
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keeps ``path`` when Ray sends the error from a remote learner to the driver.
-        return (type(self), (str(self), self.path))
-
-
-def verify_checkpoint_files(path: Any) -> None:
-    """Reads every state file under a local checkpoint folder first.
-
-    RLlib loads the module weights before the learner's own state file, so a damaged state
-    file would leave half a state behind. Raises CheckpointError naming the first file that
-    is truncated or corrupted. Remote URIs are left to RLlib.
-
-    Example:
-        >>> verify_checkpoint_files("s3://bucket/run/checkpoint_000001")  # remote: skipped
-    """
-    text = path if isinstance(path, str) else os.fspath(path)
-    if "://" in text or not os.path.isdir(text):
-        return
-    for root, _dirs, files in os.walk(text):
-        for name in sorted(files):
-            file = os.path.join(root, name)
-            try:
-                if name.endswith(".pkl"):
-                    with open(file, "rb") as f:
-                        pickle.load(f)  # noqa: S301 - the user's own checkpoint (see README)
-                elif name.endswith(".msgpack"):
-                    import msgpack
-
-                    with open(file, "rb") as f:
-                        msgpack.load(f, strict_map_key=False)
-            except Exception as e:  # any parse failure means a damaged file
-                raise CheckpointError(
-                    f"{file}: checkpoint file is truncated or corrupted ({type(e).__name__}: "
-                    f"{e}); nothing was restored. Restore from another checkpoint.",
-                    path=file,
-                ) from None
 
 
 def scaler_state(scalers: Mapping[str, PolicyScaler]) -> dict[str, dict[str, Any]]:

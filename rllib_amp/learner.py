@@ -11,7 +11,8 @@ Each override wraps RLlib's own method and hands the AMP part to the module that
     _create_iterator_if_necessary  one copy per minibatch                     (minibatch)
     after_gradient_based_update    metrics and skip warnings                  (learner_metrics)
     get_state / set_state          scaler state, Adam fusing                  (checkpoint_state,
-    restore_from_path              damaged files refused before any load       fused_adam)
+                                                                               fused_adam)
+    restore_from_path              damaged files refused before any load      (checkpoint_files)
 
 The gradient methods run outside autocast. docs/update-step.md walks through the update step,
 what RLlib's own ``_torch_grad_scaler_class`` hook gets wrong, and how each public Learner
@@ -37,12 +38,8 @@ from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_amp.checkpoint_state import (
-    AMP_STATE_KEY,
-    restore_scaler_state,
-    scaler_state,
-    verify_checkpoint_files,
-)
+from rllib_amp.checkpoint_files import verify_checkpoint
+from rllib_amp.checkpoint_state import AMP_STATE_KEY, restore_scaler_state, scaler_state
 from rllib_amp.fused_adam import fuse_adam, set_adam_fusing
 from rllib_amp.learner_metrics import report_update
 from rllib_amp.log_events import event
@@ -270,7 +267,12 @@ class AmpLearnerMixin(_MixinBase):
 
     @override(TorchLearner)
     def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
-        verify_checkpoint_files(path)  # before RLlib loads anything
+        # Before RLlib loads anything. An Algorithm restore has checked the whole checkpoint
+        # already (algorithm_checkpoints); this covers Learner / LearnerGroup restores and
+        # learners on other nodes, which get a copy of their own folder only.
+        verify_checkpoint(
+            path, filesystem=kwargs.get("filesystem"), announce_missing_manifest=False
+        )
         super().restore_from_path(path, *args, **kwargs)
 
     @override(TorchLearner)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import pytest
 from ray.rllib.algorithms.algorithm import Algorithm
 
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME
 from tests.integration.common import (
     amp_config,
     learner,
@@ -41,6 +44,7 @@ def test_save_and_from_checkpoint_continue_with_exact_scaler_state(algo, tmp_pat
         w = weights(a)
     finally:
         a.stop()
+    _assert_manifest_lists_every_file(tmp_path)
 
     b = Algorithm.from_checkpoint(str(tmp_path))
     try:
@@ -61,6 +65,29 @@ def test_save_and_from_checkpoint_continue_with_exact_scaler_state(algo, tmp_pat
         c.stop()
 
 
+def _files(path):
+    return {
+        os.path.relpath(os.path.join(d, n), path).replace(os.sep, "/")
+        for d, _, names in os.walk(path)
+        for n in names
+    }
+
+
+def _assert_manifest_lists_every_file(path):
+    """The manifest holds a checksum of every file of the checkpoint, written after them."""
+    with open(path / MANIFEST_FILE_NAME) as f:
+        listed = json.load(f)["files"]
+    assert set(listed) == _files(path) - {MANIFEST_FILE_NAME}
+    for part in (
+        "rllib_checkpoint.json",
+        "algorithm_state.pkl",
+        "env_runner/state.pkl",
+        "learner_group/learner/state.pkl",
+        "learner_group/learner/rl_module/default_policy/module_state.pkl",
+    ):
+        assert part in listed
+
+
 def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, caplog):
     a = tiny_config("PPO").build_algo()
     try:
@@ -69,6 +96,7 @@ def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, cap
         w = weights(a)
     finally:
         a.stop()
+    assert not (tmp_path / MANIFEST_FILE_NAME).exists()  # stock RLlib writes none
     b = amp_config("PPO", dtype="float16", init_scale=1024.0).build_algo()
     try:
         caplog.set_level(logging.INFO, logger="rllib_amp")
@@ -76,7 +104,8 @@ def test_stock_checkpoint_restores_into_amp_run_with_fresh_scalers(tmp_path, cap
         b.restore_from_path(str(tmp_path))
         msgs = [r for r in caplog.records if r.name.startswith("rllib_amp")]
         assert [(r.levelname, r.amp_event, r.amp_fields) for r in msgs] == [
-            ("INFO", "fresh_scalers", {"modules": ["default_policy"], "reason": "none_saved"})
+            ("INFO", "no_manifest", {"path": str(tmp_path), "files": len(_files(tmp_path))}),
+            ("INFO", "fresh_scalers", {"modules": ["default_policy"], "reason": "none_saved"}),
         ]
         assert _scaler_view(b)["default_policy"] == (1024.0, 0, 0, 0)
         assert same(weights(b), w)  # nothing else about the restore changed
@@ -136,3 +165,61 @@ def test_appo_checkpoint_round_trip(tmp_path):
         assert s.skipped_steps_lifetime == saved["skipped_steps_lifetime"]
     finally:
         b.stop()
+
+
+def test_resume_falls_back_past_a_damaged_latest_checkpoint(tmp_path):
+    """A trial fails after two checkpoints; the newer is damaged; Tune resumes from the older."""
+    from ray import tune
+
+    from rllib_amp.checkpoint_fallback import resume_from_intact_checkpoints
+
+    marker = tmp_path / "fail_at_iteration_3"
+    marker.touch()
+
+    def fail_at_3(algorithm, result, **kwargs):
+        if result["training_iteration"] == 3 and os.path.exists(marker):
+            raise RuntimeError("injected failure")
+
+    cfg = amp_config("PPO", dtype="float16").callbacks(on_train_result=fail_at_3)
+
+    def tuner(restore):
+        if restore:
+            return tune.Tuner.restore(
+                str(tmp_path / "sweep"), trainable=cfg.algo_class, resume_errored=True
+            )
+        return tune.Tuner(
+            cfg.algo_class,
+            param_space=cfg,
+            run_config=tune.RunConfig(
+                name="sweep",
+                storage_path=str(tmp_path),
+                stop={"training_iteration": 3},
+                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+                failure_config=tune.FailureConfig(max_failures=0),
+                verbose=0,
+            ),
+        )
+
+    first = tuner(restore=False).fit()
+    assert first[0].error is not None
+    (trial,) = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
+    assert sorted(p.name for p in trial.glob("checkpoint_*")) == [
+        "checkpoint_000000",
+        "checkpoint_000001",
+    ]
+    assert (trial / "checkpoint_000001" / MANIFEST_FILE_NAME).exists()  # Tune saves through us
+    damaged = trial / "checkpoint_000001" / "env_runner" / "state.pkl"
+    damaged.write_bytes(damaged.read_bytes()[:3])
+    marker.unlink()
+
+    (choice,) = resume_from_intact_checkpoints(tmp_path / "sweep")
+    assert choice.intact == str(trial / "checkpoint_000000")
+    assert [d.file for d in choice.damaged] == [str(damaged)]
+
+    second = tuner(restore=True).fit()
+    assert second[0].error is None and second[0].metrics["training_iteration"] == 3
+    with open(trial / "result.json") as f:
+        iterations = [json.loads(line)["training_iteration"] for line in f if line.strip()]
+    # Resumed from iteration 1 (checkpoint_000000), so iteration 2 ran twice.
+    assert iterations == [1, 2, 2, 3]
+    assert (trial / "checkpoint_000001.damaged" / "env_runner" / "state.pkl").exists()

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import copy
-import glob
 import logging
 import os
+import pickle
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
 from rllib_amp import with_amp
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, write_manifest
 from rllib_amp.checkpoint_state import CheckpointError
 from tests.integration.common import (
     amp_config,
     learner,
+    optimizer_state,
     ppo_episodes,
     same,
     train_until_learned,
@@ -172,33 +176,155 @@ def test_persistent_skips_log_one_warning_with_advice(ppo_setup, caplog):
     }
 
 
-@pytest.mark.usefixtures("ray_local")
-@pytest.mark.parametrize("damage", ["truncate", "garbage"])
-def test_damaged_checkpoint_names_the_file_and_loads_nothing(tmp_path, damage):
+# -- damaged checkpoints: a restore loads everything or nothing ------------------------------
+
+ENV_RUNNER_STATE = "env_runner/state.pkl"
+LEARNER_STATE = "learner_group/learner/state.pkl"
+MODULE_STATE = "learner_group/learner/rl_module/default_policy/module_state.pkl"
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoint(ray_local, tmp_path_factory):
+    """An AMP PPO checkpoint after some training (saved once; tests damage copies of it)."""
+    path = tmp_path_factory.mktemp("saved")
     a = amp_config("PPO", dtype="float16", init_scale=2.0**12).build_algo()
     try:
         train_until_learned(a)
-        a.save_to_path(str(tmp_path))
+        a.save_to_path(str(path))
     finally:
         a.stop()
-    states = glob.glob(str(tmp_path / "**" / "learner" / "state.pkl"), recursive=True)
-    assert states, os.listdir(tmp_path)
-    target = states[0]
-    size = os.path.getsize(target)
-    with open(target, "r+b") as f:
-        if damage == "truncate":
-            f.truncate(size // 2)
-        else:
-            f.write(b"\x00garbage" * 8)
+    return path
 
+
+@pytest.fixture
+def checkpoint(saved_checkpoint, tmp_path):
+    copy_ = tmp_path / "checkpoint"
+    shutil.copytree(saved_checkpoint, copy_)
+    return copy_
+
+
+@pytest.fixture(scope="module")
+def running(ray_local):
+    """A fresh algorithm whose state must survive every failed restore."""
     b = amp_config("PPO", dtype="float16", init_scale=2.0**12).build_algo()
-    try:
-        w = weights(b)
-        scale = learner(b).amp_scalers["default_policy"].get_scale()
-        with pytest.raises(CheckpointError) as e:
-            b.restore_from_path(str(tmp_path))
-        assert e.value.path == target
-        assert same(weights(b), w)  # not half a state
-        assert learner(b).amp_scalers["default_policy"].get_scale() == scale
-    finally:
-        b.stop()
+    yield b
+    b.stop()
+
+
+def _algo_state(algo_obj):
+    """Weights, Adam state, scaler state and iteration of a running algorithm."""
+    scaler = learner(algo_obj).amp_scalers["default_policy"]
+    return (
+        weights(algo_obj),
+        optimizer_state(algo_obj),
+        (scaler.get_scale(), scaler.growth_tracker, scaler.optimizer_steps_lifetime),
+        algo_obj.iteration,
+    )
+
+
+def _same_algo_state(a, b):
+    (wa, oa, sa, ia), (wb, ob, sb, ib) = a, b
+    return same(wa, wb) and _same_optimizer_state(oa, ob) and sa == sb and ia == ib
+
+
+def _same_optimizer_state(a, b):
+    if [sorted(s) for s in a] != [sorted(s) for s in b]:
+        return False
+    return all(
+        torch.equal(v, sb[pid][k]) if torch.is_tensor(v) else v == sb[pid][k]
+        for sa, sb in zip(a, b)
+        for pid, st in sa.items()
+        for k, v in st.items()
+    )
+
+
+def _saved_weights(checkpoint):
+    with open(checkpoint / MODULE_STATE, "rb") as f:
+        return pickle.load(f)
+
+
+def _truncate(path):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+
+
+def _truncate_without_manifest(path):
+    """As a stock RLlib or older checkpoint: files are still read whole before any load."""
+    os.remove(os.path.join(os.path.dirname(path), "..", MANIFEST_FILE_NAME))
+    _truncate(path)
+
+
+def _garbage(path):
+    with open(path, "r+b") as f:
+        f.write(b"\x00garbage" * 8)
+
+
+def _flip_weight_byte(path):
+    """One bit inside a weight tensor's bytes: the file still parses, into finite weights."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    state = pickle.loads(bytes(data))
+    key = next(k for k, v in state.items() if v.ndim == 2)
+    at = bytes(data).index(state[key].tobytes())
+    data[at + 1] ^= 0x01
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    changed = pickle.loads(bytes(data))[key]
+    assert np.isfinite(changed).all() and not np.array_equal(changed, state[key])
+
+
+@pytest.mark.parametrize(
+    "name, damage",
+    [
+        (ENV_RUNNER_STATE, _truncate),  # RLlib loads it after the learner's weights
+        (ENV_RUNNER_STATE, _truncate_without_manifest),
+        (LEARNER_STATE, _truncate),
+        (LEARNER_STATE, _garbage),
+        ("algorithm_state.pkl", _truncate),  # loaded last of all
+        ("rllib_checkpoint.json", _truncate),
+        (MODULE_STATE, _flip_weight_byte),  # parses fine: only the manifest can tell
+    ],
+    ids=[
+        "env_runner-truncate",
+        "env_runner-truncate-no-manifest",
+        "learner-truncate",
+        "learner-garbage",
+        "algorithm-truncate",
+        "json-truncate",
+        "weights-bitflip",
+    ],
+)
+def test_damaged_checkpoint_names_the_file_and_loads_nothing(checkpoint, running, name, damage):
+    assert not same(_saved_weights(checkpoint), weights(running))  # a restore would show
+    target = str(checkpoint / name)
+    damage(target)
+    before = _algo_state(running)
+    with pytest.raises(CheckpointError) as e:
+        running.restore_from_path(str(checkpoint))
+    assert e.value.path == target
+    assert _same_algo_state(_algo_state(running), before)  # not half a state
+
+
+def test_from_checkpoint_refuses_a_damaged_env_runner_state(checkpoint):
+    target = str(checkpoint / ENV_RUNNER_STATE)
+    _truncate(target)
+    with pytest.raises(CheckpointError) as e:
+        Algorithm.from_checkpoint(str(checkpoint))
+    assert e.value.path == target
+
+
+def test_nan_weight_written_by_a_diverged_run_is_refused_before_load(checkpoint, running):
+    """The manifest agrees with the file (the run wrote it so); the values are the problem."""
+    state = _saved_weights(checkpoint)
+    key = next(k for k, v in state.items() if v.ndim == 2)
+    state[key][0, 0] = np.nan
+    with open(checkpoint / MODULE_STATE, "wb") as f:
+        pickle.dump(state, f)
+    write_manifest(checkpoint)
+    before = _algo_state(running)
+    with pytest.raises(CheckpointError, match="non-finite") as e:
+        running.restore_from_path(str(checkpoint))
+    assert e.value.path == str(checkpoint / MODULE_STATE)
+    assert key in str(e.value)
+    assert _same_algo_state(_algo_state(running), before)

@@ -94,3 +94,75 @@ def test_amp_learner_class_wraps_user_learners_once():
     assert amp_learner_class(PPOTorchLearner) is AmpPPOTorchLearner
     with pytest.raises(TypeError, match="TorchLearner"):
         amp_learner_class(int)
+
+
+def test_with_amp_twice_keeps_the_settings_already_in_the_config():
+    cfg = with_amp(with_amp(PPOConfig(), init_scale=1024, dtype="float16"))
+    s = settings_from_config(cfg)
+    assert (s.init_scale, s.dtype) == (1024.0, "float16")
+
+    cfg2 = with_amp(PPOConfig(), init_scale=1024)
+    with_amp(cfg2, growth_interval=5)
+    s = settings_from_config(cfg2)
+    assert (s.init_scale, s.growth_interval) == (1024.0, 5)
+    assert s.growth_factor == AmpSettings().growth_factor  # nothing else moved
+
+
+def test_with_amp_settings_replace_the_stored_ones_entirely():
+    cfg = with_amp(PPOConfig(), init_scale=1024, growth_interval=5)
+    with_amp(cfg, AmpSettings(dtype="bfloat16"))
+    assert settings_from_config(cfg) == AmpSettings(dtype="bfloat16")
+    # Keywords still apply on top of the settings given.
+    with_amp(cfg, AmpSettings(dtype="float16"), init_scale=8)
+    assert settings_from_config(cfg) == AmpSettings(dtype="float16", init_scale=8)
+
+
+def test_with_amp_twice_keeps_tune_samplers_unless_the_field_is_given():
+    from ray import tune
+
+    from rllib_amp.settings import AMP_CONFIG_KEY, store_in_config
+
+    sampler = tune.loguniform(2.0**8, 2.0**16)
+    grid = tune.grid_search([10, 100])
+    cfg = with_amp(PPOConfig(), dtype="float16")
+    store_in_config(
+        cfg,
+        AmpSettings(dtype="float16"),
+        searched={"init_scale": sampler, "growth_interval": grid},
+    )
+    with_amp(cfg, growth_interval=5)
+    block = cfg.learner_config_dict[AMP_CONFIG_KEY]
+    assert block["init_scale"] is sampler  # kept
+    assert block["growth_interval"] == 5  # replaced by the value given
+    assert block["dtype"] == "float16"
+
+
+@pytest.mark.parametrize(
+    "config_cls, algo_cls_name",
+    [(PPOConfig, "AmpPPO"), (DQNConfig, "AmpDQN"), (APPOConfig, "AmpAPPO")],
+)
+def test_with_amp_sets_an_algorithm_class_with_verified_restores(config_cls, algo_cls_name):
+    from rllib_amp.algorithm_checkpoints import AmpAlgorithmMixin
+
+    stock = config_cls().algo_class
+    cfg = with_amp(config_cls())
+    assert cfg.algo_class.__name__ == algo_cls_name
+    assert issubclass(cfg.algo_class, stock) and issubclass(cfg.algo_class, AmpAlgorithmMixin)
+    assert with_amp(cfg).algo_class is cfg.algo_class  # not wrapped twice
+
+
+def test_amp_algorithm_class_wraps_user_algorithms_once():
+    from ray.rllib.algorithms.ppo import PPO
+
+    from rllib_amp.algorithm_checkpoints import AmpPPO, amp_algorithm_class
+
+    class MyPPO(PPO):
+        pass
+
+    cls = amp_algorithm_class(MyPPO)
+    assert cls.__name__ == "AmpMyPPO" and issubclass(cls, MyPPO)
+    assert amp_algorithm_class(MyPPO) is cls and amp_algorithm_class(cls) is cls
+    assert amp_algorithm_class(PPO) is AmpPPO
+    assert with_amp(PPOConfig(algo_class=MyPPO)).algo_class is cls
+    with pytest.raises(TypeError, match="Algorithm"):
+        amp_algorithm_class(int)

@@ -1,0 +1,288 @@
+"""Resuming past a damaged checkpoint: the newest intact one of a trial, and Tune pointed at it.
+
+A Tune trial resumes from the latest checkpoint recorded in the experiment state
+(``experiment_state-*.json``). When that checkpoint is damaged (a node died mid-upload, a
+disk filled up, bit rot), the restore fails with ``CheckpointError`` on every retry.
+
+- ``newest_intact_checkpoint(trial_dir)`` reads a trial's ``checkpoint_NNNNNN`` folders newest
+  first (``checkpoint_files.verify_checkpoint``) and returns the first intact one with the
+  damaged ones it skipped. With ``move_damaged=True`` those are renamed to
+  ``checkpoint_NNNNNN.damaged``: kept for inspection, never deleted.
+- ``resume_from_intact_checkpoints(experiment_dir)`` does that for every trial and rewrites
+  the experiment state so that Tune restores each trial from its intact checkpoint. The old
+  state file is kept next to it as ``experiment_state-*.json.before-fallback``. Call it
+  before ``Tuner.restore``.
+
+Both take a local folder or a pyarrow URI (``s3://``, ``gs://``, ``file://``).
+
+Example:
+    >>> choice = newest_intact_checkpoint("/runs/sweep/PPO_CartPole-v1_0")  # doctest: +SKIP
+    >>> choice.intact, [d.path for d in choice.damaged]  # doctest: +SKIP
+    ('/runs/sweep/PPO_CartPole-v1_0/checkpoint_000001', ['.../checkpoint_000002'])
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs
+
+from rllib_amp.checkpoint_files import (
+    CheckpointError,
+    display_path,
+    is_dir,
+    resolve_path,
+    verify_checkpoint,
+)
+from rllib_amp.log_events import event
+
+logger = logging.getLogger(__name__)
+
+# Tune's names: StorageContext's checkpoint folders and TuneController.CKPT_FILE_TMPL.
+_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+_EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
+DAMAGED_SUFFIX = ".damaged"
+STATE_BACKUP_SUFFIX = ".before-fallback"
+
+
+@dataclass(frozen=True)
+class DamagedCheckpoint:
+    """A checkpoint folder that failed verification.
+
+    ``file``: the damaged file; ``reason``: CheckpointError's message; ``moved_to``: its new
+    name when it was moved aside, else None.
+    """
+
+    path: str
+    file: str
+    reason: str
+    moved_to: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """The newest intact checkpoint of a trial folder (None if none is) and the newer damaged
+    ones skipped to reach it, newest first."""
+
+    trial_dir: str
+    intact: str | None
+    damaged: tuple[DamagedCheckpoint, ...] = ()
+
+    def describe(self) -> str:
+        """One line naming the damaged checkpoints and the one used instead.
+
+        Example:
+            >>> CheckpointChoice("t", "t/checkpoint_000001", ()).describe()
+            't: resuming from t/checkpoint_000001'
+        """
+        if not self.damaged:
+            return f"{self.trial_dir}: resuming from {self.intact or '(no checkpoint)'}"
+        skipped = "; ".join(
+            d.reason + (f" (kept as {d.moved_to})" if d.moved_to else "") for d in self.damaged
+        )
+        if self.intact is None:
+            return (
+                f"{self.trial_dir}: no intact checkpoint, the trial cannot resume from one: "
+                f"{skipped}"
+            )
+        return (
+            f"{self.trial_dir}: resuming from {self.intact} instead of the damaged "
+            f"{', '.join(d.path for d in self.damaged)}: {skipped}"
+        )
+
+
+def newest_intact_checkpoint(
+    trial_dir: Any,
+    *,
+    filesystem: pyarrow.fs.FileSystem | None = None,
+    move_damaged: bool = False,
+) -> CheckpointChoice:
+    """The newest checkpoint of a Tune trial folder that passes ``verify_checkpoint``.
+
+    Checkpoints are read newest first (by their ``checkpoint_NNNNNN`` index) until one is
+    intact; older ones are not read. With ``move_damaged=True`` and an intact checkpoint
+    found, the damaged ones are renamed to ``<name>.damaged`` (``.damaged-2``, ... if taken);
+    nothing is deleted. Without an intact checkpoint nothing is moved. FileNotFoundError if
+    ``trial_dir`` is no folder.
+
+    Example:
+        >>> newest_intact_checkpoint("s3://bucket/sweep/trial_0").intact  # doctest: +SKIP
+        's3://bucket/sweep/trial_0/checkpoint_000003'
+    """
+    fs, root = resolve_path(trial_dir, filesystem)
+    if not is_dir(fs, root):
+        raise FileNotFoundError(f"{display_path(fs, root)}: no such trial folder")
+    damaged: list[tuple[str, CheckpointError]] = []
+    intact = None
+    for folder in _checkpoint_folders(fs, root):
+        try:
+            verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False)
+        except CheckpointError as e:
+            damaged.append((folder, e))
+            continue
+        intact = display_path(fs, folder)
+        break
+    move = move_damaged and intact is not None
+    skipped = tuple(
+        DamagedCheckpoint(
+            display_path(fs, folder), e.path, str(e), _move_aside(fs, folder) if move else None
+        )
+        for folder, e in damaged
+    )
+    return CheckpointChoice(display_path(fs, root), intact, skipped)
+
+
+def _checkpoint_folders(fs: Any, root: str) -> list[str]:
+    """The ``checkpoint_NNNNNN`` folders of a trial, newest first."""
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=False))
+    found = []
+    for info in infos:
+        match = _CHECKPOINT_DIR.match(info.base_name)
+        if match and info.type == pyarrow.fs.FileType.Directory:
+            found.append((int(match.group(1)), info.path))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def _move_aside(fs: Any, folder: str) -> str:
+    target, n = folder + DAMAGED_SUFFIX, 1
+    while fs.get_file_info(target).type != pyarrow.fs.FileType.NotFound:
+        n += 1
+        target = f"{folder}{DAMAGED_SUFFIX}-{n}"
+    try:
+        fs.move(folder, target)
+    except (OSError, NotImplementedError):
+        # Object stores have no folder rename: copy every file, then remove the originals.
+        pyarrow.fs.copy_files(folder, target, source_filesystem=fs, destination_filesystem=fs)
+        fs.delete_dir(folder)
+    return display_path(fs, target)
+
+
+def resume_from_intact_checkpoints(
+    experiment_dir: Any, *, filesystem: pyarrow.fs.FileSystem | None = None
+) -> list[CheckpointChoice]:
+    """Points a Tune experiment's trials at their newest intact checkpoints before a resume.
+
+    For each trial folder with checkpoints: finds the newest intact one, moves the damaged
+    newer ones aside (``newest_intact_checkpoint(move_damaged=True)``) and records the intact
+    one as the trial's latest checkpoint in the newest ``experiment_state-*.json``, so that
+    ``Tuner.restore`` resumes from it. The previous state file is kept with the suffix
+    ``.before-fallback``. Logs one WARNING per trial that falls back (or has no intact
+    checkpoint). Returns one CheckpointChoice per trial folder with checkpoints.
+    FileNotFoundError if the folder holds no experiment state.
+
+    Example:
+        >>> for c in resume_from_intact_checkpoints("/runs/sweep"):  # doctest: +SKIP
+        ...     if c.damaged:
+        ...         print(c.describe())
+    """
+    fs, root = resolve_path(experiment_dir, filesystem)
+    state_path = _newest_experiment_state(fs, root)
+    choices = []
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=False)):
+        if info.type == pyarrow.fs.FileType.Directory and _checkpoint_folders(fs, info.path):
+            choices.append(newest_intact_checkpoint(info.path, filesystem=fs, move_damaged=True))
+    repoint = {
+        posixpath.basename(c.trial_dir): c for c in choices if c.damaged and c.intact is not None
+    }
+    if repoint:
+        _repoint_experiment_state(fs, state_path, repoint)
+    for c in choices:
+        if c.damaged:
+            logger.warning(
+                "rllib_amp: %s",
+                c.describe(),
+                extra=event(
+                    "checkpoint_fallback",
+                    trial_dir=c.trial_dir,
+                    intact=c.intact,
+                    damaged=[d.path for d in c.damaged],
+                    files=[d.file for d in c.damaged],
+                    moved_to=[d.moved_to for d in c.damaged],
+                ),
+            )
+    return choices
+
+
+def _newest_experiment_state(fs: Any, root: str) -> str:
+    names = [
+        info.base_name
+        for info in fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+        if info.type == pyarrow.fs.FileType.File
+        and fnmatch.fnmatch(info.base_name, _EXPERIMENT_STATE_GLOB)
+    ]
+    if not names:
+        raise FileNotFoundError(
+            f"{display_path(fs, root)}: no {_EXPERIMENT_STATE_GLOB} here, so no Tune experiment "
+            f"to resume; pass the experiment folder (storage path / name)"
+        )
+    # Tune resumes from the newest state file, by name (the name holds its start time).
+    return posixpath.join(root, max(names))
+
+
+def _repoint_experiment_state(
+    fs: Any, state_path: str, choices: dict[str, CheckpointChoice]
+) -> None:
+    """Makes each listed trial's latest checkpoint in Tune's experiment state the intact one."""
+    # Tune's own (private) class reads and writes a trial's run metadata, so that its format
+    # round-trips; the rest of the file is plain JSON.
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    with fs.open_input_stream(state_path) as f:
+        original = bytes(f.readall())
+    state = json.loads(original)
+    changed = False
+    for entry in state["trial_data"]:
+        metadata = _TrainingRunMetadata.from_json_state(entry[1])
+        manager: Any = metadata.checkpoint_manager
+        if manager is not None and _repoint_trial(manager, choices):
+            metadata.checkpoint_manager = manager  # drops its cached JSON
+            entry[1] = metadata.get_json_state()
+            changed = True
+    if not changed:
+        return
+    with fs.open_output_stream(state_path + STATE_BACKUP_SUFFIX) as f:
+        f.write(original)
+    with fs.open_output_stream(state_path) as f:
+        f.write(json.dumps(state).encode("utf-8"))
+
+
+def _repoint_trial(manager: Any, choices: dict[str, CheckpointChoice]) -> bool:
+    """Edits one trial's Tune checkpoint manager; True if it changed."""
+    from ray.train import Checkpoint
+    from ray.train._internal.session import _TrainingResult
+
+    def name(result: Any) -> str:
+        return posixpath.basename(result.checkpoint.path.rstrip("/"))
+
+    latest = manager.latest_checkpoint_result
+    if latest is None:
+        return False
+    folder = posixpath.dirname(latest.checkpoint.path.rstrip("/"))
+    choice = choices.get(posixpath.basename(folder))
+    if choice is None or choice.intact is None:
+        return False
+    damaged = {posixpath.basename(d.path) for d in choice.damaged}
+    if name(latest) not in damaged:
+        return False  # Tune never recorded the damaged ones: it resumes from an intact one
+    intact_name = posixpath.basename(choice.intact)
+    kept = [r for r in manager._checkpoint_results if name(r) not in damaged]
+    intact = next((r for r in kept if name(r) == intact_name), None)
+    if intact is None:
+        # On disk but no longer in Tune's records: Algorithm.set_state restores the
+        # iteration count from the checkpoint itself.
+        intact = _TrainingResult(
+            checkpoint=Checkpoint(
+                path=posixpath.join(folder, intact_name), filesystem=latest.checkpoint.filesystem
+            ),
+            metrics={},
+        )
+        kept.append(intact)
+    manager._checkpoint_results = kept
+    manager._latest_checkpoint_result = intact
+    return True

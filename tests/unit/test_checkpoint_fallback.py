@@ -1,0 +1,227 @@
+"""newest_intact_checkpoint / resume_from_intact_checkpoints on trial folders (no Ray runtime)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import socket
+
+import numpy as np
+import pytest
+from ray.train import Checkpoint, CheckpointConfig
+from ray.train._internal.checkpoint_manager import _CheckpointManager
+from ray.train._internal.session import _TrainingResult
+from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+from rllib_amp.checkpoint_fallback import (
+    STATE_BACKUP_SUFFIX,
+    newest_intact_checkpoint,
+    resume_from_intact_checkpoints,
+)
+from rllib_amp.checkpoint_files import write_manifest
+
+WEIGHTS = "learner_group/learner/rl_module/default_policy/module_state.pkl"
+
+
+def _checkpoint(folder, iteration):
+    os.makedirs(folder / os.path.dirname(WEIGHTS))
+    with open(folder / WEIGHTS, "wb") as f:
+        pickle.dump({"pi.weight": np.full((4, 4), float(iteration), dtype=np.float32)}, f)
+    with open(folder / "algorithm_state.pkl", "wb") as f:
+        pickle.dump({"training_iteration": iteration}, f)
+    write_manifest(folder)
+
+
+def _damage(folder):
+    target = folder / "algorithm_state.pkl"
+    target.write_bytes(target.read_bytes()[:5])
+    return str(target)
+
+
+def _trial(root, n=3):
+    root.mkdir(parents=True)
+    for i in range(n):
+        _checkpoint(root / f"checkpoint_{i:06d}", i + 1)
+    return root
+
+
+def test_newest_intact_checkpoint_skips_damaged_newer_ones(tmp_path):
+    trial = _trial(tmp_path / "trial", n=3)
+    _checkpoint(trial / "checkpoint_000010", 11)  # numbered past 9: order is by number
+    files = [_damage(trial / "checkpoint_000010"), _damage(trial / "checkpoint_000002")]
+    choice = newest_intact_checkpoint(trial)
+    assert choice.intact == str(trial / "checkpoint_000001")
+    assert [d.path for d in choice.damaged] == [
+        str(trial / "checkpoint_000010"),
+        str(trial / "checkpoint_000002"),
+    ]
+    assert [d.file for d in choice.damaged] == files
+    assert all(d.moved_to is None for d in choice.damaged)
+    assert (trial / "checkpoint_000002").is_dir()  # nothing moved unless asked
+    line = choice.describe()
+    assert str(trial / "checkpoint_000001") in line and str(trial / "checkpoint_000002") in line
+
+
+def test_damaged_checkpoints_are_moved_aside_never_deleted(tmp_path):
+    trial = _trial(tmp_path / "trial", n=3)
+    (trial / "checkpoint_000002.damaged").mkdir()  # an earlier fallback's leftover
+    _damage(trial / "checkpoint_000002")
+    before = (trial / "checkpoint_000002" / WEIGHTS).read_bytes()
+    choice = newest_intact_checkpoint(trial, move_damaged=True)
+    moved = trial / "checkpoint_000002.damaged-2"
+    assert [d.moved_to for d in choice.damaged] == [str(moved)]
+    assert not (trial / "checkpoint_000002").exists()
+    assert (moved / WEIGHTS).read_bytes() == before
+    assert choice.intact == str(trial / "checkpoint_000001")
+    # The moved-aside folder is no checkpoint any more: a second look finds nothing damaged.
+    assert newest_intact_checkpoint(trial).damaged == ()
+
+
+def test_without_an_intact_checkpoint_nothing_is_moved(tmp_path):
+    trial = _trial(tmp_path / "trial", n=2)
+    _damage(trial / "checkpoint_000000")
+    _damage(trial / "checkpoint_000001")
+    choice = newest_intact_checkpoint(trial, move_damaged=True)
+    assert choice.intact is None and len(choice.damaged) == 2
+    assert (trial / "checkpoint_000000").is_dir() and (trial / "checkpoint_000001").is_dir()
+    assert "no intact checkpoint" in choice.describe()
+
+
+def test_missing_trial_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such trial folder"):
+        newest_intact_checkpoint(tmp_path / "nope")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_trial_folder_on_s3_by_pyarrow_uri(tmp_path, monkeypatch):
+    """An object store: no folder rename there, so moving aside is copy-then-remove."""
+    moto_server = pytest.importorskip("moto.server")
+    import pyarrow.fs
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"127.0.0.1:{port}"
+        s3 = pyarrow.fs.S3FileSystem(
+            endpoint_override=endpoint, scheme="http", allow_bucket_creation=True
+        )
+        s3.create_dir("runs")
+        local = _trial(tmp_path / "trial", n=2)
+        _damage(local / "checkpoint_000001")
+        pyarrow.fs.copy_files(str(local), "runs/sweep/trial", destination_filesystem=s3)
+        uri = f"s3://runs/sweep/trial?endpoint_override={endpoint}&scheme=http"
+        choice = newest_intact_checkpoint(uri, move_damaged=True)
+        assert choice.intact == "s3://runs/sweep/trial/checkpoint_000000"
+        assert [(d.path, d.file, d.moved_to) for d in choice.damaged] == [
+            (
+                "s3://runs/sweep/trial/checkpoint_000001",
+                "s3://runs/sweep/trial/checkpoint_000001/algorithm_state.pkl",
+                "s3://runs/sweep/trial/checkpoint_000001.damaged",
+            )
+        ]
+        left = {
+            i.path
+            for i in s3.get_file_info(pyarrow.fs.FileSelector("runs/sweep/trial", recursive=True))
+            if i.type == pyarrow.fs.FileType.File
+        }
+        assert "runs/sweep/trial/checkpoint_000001.damaged/algorithm_state.pkl" in left
+        assert not [p for p in left if p.startswith("runs/sweep/trial/checkpoint_000001/")]
+    finally:
+        server.stop()
+
+
+def _experiment(tmp_path, trial_names):
+    """A Tune experiment folder whose state records 3 checkpoints per trial, as Tune writes it."""
+    exp = tmp_path / "sweep"
+    trial_data = []
+    for name in trial_names:
+        trial = _trial(exp / name, n=3)
+        metadata = _TrainingRunMetadata()
+        metadata.checkpoint_manager = _CheckpointManager(CheckpointConfig(num_to_keep=None))
+        for i in range(3):
+            metadata.checkpoint_manager.register_checkpoint(
+                _TrainingResult(
+                    checkpoint=Checkpoint(path=str(trial / f"checkpoint_{i:06d}")),
+                    metrics={"training_iteration": i + 1},
+                )
+            )
+        trial_data.append([json.dumps({"trial_id": name}), metadata.get_json_state()])
+    state = {"trial_data": trial_data, "runner_data": {"x": 1}, "stats": {"start_time": 1.0}}
+    older = exp / "experiment_state-2026-01-01_00-00-00.json"
+    older.write_text(json.dumps(state))
+    newest = exp / "experiment_state-2026-01-02_00-00-00.json"
+    newest.write_text(json.dumps(state))
+    return exp, older, newest
+
+
+def _latest(state_file, index):
+    state = json.loads(state_file.read_text())
+    manager = _TrainingRunMetadata.from_json_state(state["trial_data"][index][1]).checkpoint_manager
+    return manager.latest_checkpoint_result, manager._checkpoint_results
+
+
+def test_resume_points_tunes_experiment_state_at_the_intact_checkpoint(tmp_path, caplog):
+    exp, older, newest = _experiment(tmp_path, ["trial_a", "trial_b"])
+    before_newest, before_older = newest.read_bytes(), older.read_bytes()
+    damaged_file = _damage(exp / "trial_a" / "checkpoint_000002")
+    caplog.set_level(logging.WARNING, logger="rllib_amp")
+
+    choices = resume_from_intact_checkpoints(exp)
+
+    by_trial = {os.path.basename(c.trial_dir): c for c in choices}
+    assert by_trial["trial_a"].intact == str(exp / "trial_a" / "checkpoint_000001")
+    assert by_trial["trial_b"].damaged == ()
+    latest, results = _latest(newest, 0)
+    assert latest.checkpoint.path == str(exp / "trial_a" / "checkpoint_000001")
+    assert latest.metrics == {"training_iteration": 2}
+    assert [os.path.basename(r.checkpoint.path) for r in results] == [
+        "checkpoint_000000",
+        "checkpoint_000001",
+    ]
+    latest_b, results_b = _latest(newest, 1)  # the intact trial is left as it was
+    assert latest_b.checkpoint.path == str(exp / "trial_b" / "checkpoint_000002")
+    assert len(results_b) == 3
+    assert json.loads(newest.read_text())["runner_data"] == {"x": 1}
+    # Kept, not replaced: the old state, the older state file, the damaged checkpoint.
+    assert (exp / (newest.name + STATE_BACKUP_SUFFIX)).read_bytes() == before_newest
+    assert older.read_bytes() == before_older
+    assert (exp / "trial_a" / "checkpoint_000002.damaged" / "algorithm_state.pkl").exists()
+    warnings = [r for r in caplog.records if getattr(r, "amp_event", None) == "checkpoint_fallback"]
+    assert [(r.levelname, r.amp_fields) for r in warnings] == [
+        (
+            "WARNING",
+            {
+                "trial_dir": str(exp / "trial_a"),
+                "intact": str(exp / "trial_a" / "checkpoint_000001"),
+                "damaged": [str(exp / "trial_a" / "checkpoint_000002")],
+                "files": [damaged_file],
+                "moved_to": [str(exp / "trial_a" / "checkpoint_000002.damaged")],
+            },
+        )
+    ]
+
+
+def test_resume_with_nothing_damaged_changes_nothing(tmp_path):
+    exp, _, newest = _experiment(tmp_path, ["trial_a"])
+    before = newest.read_bytes()
+    choices = resume_from_intact_checkpoints(exp)
+    assert [c.damaged for c in choices] == [()]
+    assert newest.read_bytes() == before
+    assert not (exp / (newest.name + STATE_BACKUP_SUFFIX)).exists()
+
+
+def test_resume_needs_an_experiment_folder(tmp_path):
+    _trial(tmp_path / "trial_a")
+    with pytest.raises(FileNotFoundError, match="experiment_state"):
+        resume_from_intact_checkpoints(tmp_path)

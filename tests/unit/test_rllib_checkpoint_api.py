@@ -1,0 +1,94 @@
+"""The RLlib and Tune checkpoint internals that verified restores and the fallback rely on.
+
+A Ray upgrade that renames a state file, reshapes save_to_path / restore_from_path, or changes
+how Tune names checkpoints or records them must fail here, instead of letting a damaged
+checkpoint half-load or a fallback silently point Tune nowhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.appo import APPO
+from ray.rllib.algorithms.dqn import DQN
+from ray.rllib.algorithms.ppo import PPO
+from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
+from ray.rllib.core.rl_module.rl_module import RLModule
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.train import Checkpoint, CheckpointConfig
+from ray.train._internal.checkpoint_manager import _CheckpointManager
+from ray.train._internal.session import _TrainingResult
+from ray.train._internal.storage import StorageContext
+from ray.tune.execution.tune_controller import TuneController
+from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+from rllib_amp import checkpoint_fallback, checkpoint_files
+from rllib_amp.algorithm_checkpoints import AmpAlgorithmMixin
+
+P = inspect.Parameter
+
+
+def _params(method):
+    return [
+        (p.name, p.kind)
+        for p in list(inspect.signature(method).parameters.values())[1:]
+        if p.name != "_ray_trace_ctx"
+    ]
+
+
+@pytest.mark.parametrize("cls", [PPO, DQN, APPO])
+def test_save_and_restore_keep_the_signatures_our_overrides_pass_through(cls):
+    assert _params(cls.save_to_path) == [
+        ("path", P.POSITIONAL_OR_KEYWORD),
+        ("state", P.KEYWORD_ONLY),
+        ("filesystem", P.KEYWORD_ONLY),
+        ("use_msgpack", P.KEYWORD_ONLY),
+    ]
+    assert _params(cls.restore_from_path) == [
+        ("path", P.POSITIONAL_OR_KEYWORD),
+        ("args", P.VAR_POSITIONAL),
+        ("kwargs", P.VAR_KEYWORD),
+    ]
+    assert _params(Checkpointable.restore_from_path)[:3] == [
+        ("path", P.POSITIONAL_OR_KEYWORD),
+        ("component", P.KEYWORD_ONLY),
+        ("filesystem", P.KEYWORD_ONLY),
+    ]
+
+
+def test_every_algorithm_override_is_a_checkpoint_method():
+    overridden = {n for n, v in vars(AmpAlgorithmMixin).items() if callable(v)}
+    assert overridden == {"save_to_path", "restore_from_path"}
+
+
+def test_state_file_names_and_component_keys_we_check():
+    assert Algorithm.STATE_FILE_NAME == "algorithm_state"
+    assert Checkpointable.STATE_FILE_NAME == "state"
+    assert RLModule.STATE_FILE_NAME == checkpoint_files._MODULE_STATE_STEM
+    assert set(checkpoint_files._RESTORED_STEMS) == {
+        Checkpointable.STATE_FILE_NAME,
+        Algorithm.STATE_FILE_NAME,
+        RLModule.STATE_FILE_NAME,
+    }
+    assert checkpoint_files._FINITE_KEYS == (COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER)
+
+
+def test_tune_checkpoint_and_experiment_state_names():
+    assert checkpoint_fallback._CHECKPOINT_DIR.match(StorageContext._make_checkpoint_dir_name(7))
+    assert TuneController.CKPT_FILE_TMPL.format("*") == checkpoint_fallback._EXPERIMENT_STATE_GLOB
+
+
+def test_tune_checkpoint_manager_records_what_the_fallback_edits(tmp_path):
+    metadata = _TrainingRunMetadata()
+    metadata.checkpoint_manager = _CheckpointManager(CheckpointConfig())
+    result = _TrainingResult(checkpoint=Checkpoint(path=str(tmp_path)), metrics={"a": 1})
+    metadata.checkpoint_manager.register_checkpoint(result)
+    manager = _TrainingRunMetadata.from_json_state(
+        json.loads(json.dumps(metadata.get_json_state()))
+    ).checkpoint_manager
+    assert [r.checkpoint.path for r in manager._checkpoint_results] == [str(tmp_path)]
+    assert manager._latest_checkpoint_result.checkpoint.path == str(tmp_path)
+    assert manager.latest_checkpoint_result is manager._latest_checkpoint_result
