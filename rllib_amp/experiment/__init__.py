@@ -1,9 +1,10 @@
 """One YAML file -> a validated Experiment -> an RLlib AlgorithmConfig (+ a Tune search space).
 
-The package: ``reading`` (YAML -> raw mapping), ``schema`` (validation and defaults, one
-validator per section), ``sampler`` (search specs), ``builder`` (-> AlgorithmConfig + Tune
-space). The schema is strict: unknown keys are errors (with the nearest valid key suggested),
-and every error names the file, the key, the value and the fix.
+The package: ``reading`` (YAML -> raw mapping, refusing abuse), ``schema`` (validation and
+defaults, one validator per section), ``sampler`` (search specs), ``builder`` (->
+AlgorithmConfig + Tune space). The schema is strict: unknown keys are errors (with
+the nearest valid key suggested), and every error names the file, the key, the value and the
+fix.
 
 Example:
     >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides=["amp.init_scale=1024"])
@@ -45,6 +46,14 @@ __all__ = [
     "parse_override",
     "validate",
 ]
+
+
+def _check_overrides_type(overrides: Any) -> None:
+    if isinstance(overrides, (str, bytes)):
+        raise TypeError(
+            f"overrides: got the string {overrides!r}; pass a list, e.g. "
+            f"overrides=[{overrides!r}], or a mapping such as {{'amp.init_scale': 1024}}"
+        )
 
 
 def _section_copy(section: str, holds: str = "its normalised keys") -> Any:
@@ -109,6 +118,7 @@ class Experiment:
             >>> exp.with_overrides({"search.seed": {"grid": [0, 1, 2]}}).search["seed"].grid_size()
             3
         """
+        _check_overrides_type(overrides)
         if not overrides:
             return self
         items = (
@@ -146,10 +156,14 @@ def load(
 ) -> Experiment:
     """Reads, validates and returns the experiment in ``path``, with dotted overrides.
 
+    ``overrides``: a list of ``KEY=VALUE`` strings (as ``--set`` takes) or a mapping of dotted
+    key -> value; a single string is a TypeError (it would be read letter by letter).
+
     Example:
         >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides={"seed": 3})
         >>> exp.get("seed")
         3
     """
+    _check_overrides_type(overrides)
     path = os.fspath(path)
     return Experiment(validate(read_file(path), path), path).with_overrides(overrides)
