@@ -287,6 +287,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     from rllib_amp import experiment as E
 
     exp = E.load(find_config(args.config), overrides=args.overrides)
+    checked = E.preflight(exp)  # what --dry-run proves, and what a real run checks before Ray
     name = args.name or exp.name
     storage = os.path.abspath(os.path.expanduser(args.storage_path or DEFAULT_STORAGE))
     exp_dir = os.path.join(storage, name)
@@ -305,6 +306,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         for key, sampler in exp.search.items():
             print(f"{key}: {sampler.to_dict()}")
         print(f"# trials: {_count_trials(exp, args.num_samples)}")
+        print(f"# pre-flight: {checked}")
         return 0
 
     import ray

@@ -2,7 +2,9 @@
 
 The package: ``reading`` (YAML -> raw mapping, refusing abuse), ``schema`` (validation and
 defaults, one validator per section), ``sampler`` (search specs), ``builder`` (->
-AlgorithmConfig + Tune space). The schema is strict: unknown keys are errors (with
+AlgorithmConfig + Tune space), ``preflight`` (every check a sweep can fail without Ray:
+RLlib's validation of each config, the env and the RLModule, result keys) and ``results``
+(the result keys each algorithm reports). The schema is strict: unknown keys are errors (with
 the nearest valid key suggested), and every error names the file, the key, the value and the
 fix.
 
@@ -24,6 +26,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_amp.experiment import builder
+from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
 from rllib_amp.experiment.schema import (
@@ -44,6 +47,7 @@ __all__ = [
     "algorithm_config_class",
     "load",
     "parse_override",
+    "preflight",
     "validate",
 ]
 
