@@ -347,6 +347,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     from rllib_amp import experiment as E
 
     exp = E.load(find_config(args.config), overrides=args.overrides)
+    checked = E.preflight(exp)  # what --dry-run proves, and what a real run checks before Ray
     name = args.name or exp.name
     storage = S.resolve(args.storage_path, exp.get("storage_path"))
     exp_dir = S.join(storage, name)
@@ -370,6 +371,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         for key, sampler in exp.search.items():
             print(f"{key}: {sampler.to_dict()}")
         print(f"# trials: {_count_trials(exp, args.num_samples)}")
+        print(f"# pre-flight: {checked}")
         return 0
 
     import ray

@@ -1,9 +1,12 @@
 """One YAML file -> a validated Experiment -> an RLlib AlgorithmConfig (+ a Tune search space).
 
-The package: ``reading`` (YAML -> raw mapping), ``schema`` (validation and defaults, one
-validator per section), ``sampler`` (search specs), ``builder`` (-> AlgorithmConfig + Tune
-space). The schema is strict: unknown keys are errors (with the nearest valid key suggested),
-and every error names the file, the key, the value and the fix.
+The package: ``reading`` (YAML -> raw mapping, refusing abuse), ``schema`` (validation and
+defaults, one validator per section), ``sampler`` (search specs), ``builder`` (->
+AlgorithmConfig + Tune space), ``preflight`` (every check a sweep can fail without Ray:
+RLlib's validation of each config, the env and the RLModule, result keys) and ``results``
+(the result keys each algorithm reports). The schema is strict: unknown keys are errors (with
+the nearest valid key suggested), and every error names the file, the key, the value and the
+fix.
 
 Example:
     >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides=["amp.init_scale=1024"])
@@ -23,6 +26,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_amp.experiment import builder
+from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
 from rllib_amp.experiment.schema import (
@@ -43,8 +47,17 @@ __all__ = [
     "algorithm_config_class",
     "load",
     "parse_override",
+    "preflight",
     "validate",
 ]
+
+
+def _check_overrides_type(overrides: Any) -> None:
+    if isinstance(overrides, (str, bytes)):
+        raise TypeError(
+            f"overrides: got the string {overrides!r}; pass a list, e.g. "
+            f"overrides=[{overrides!r}], or a mapping such as {{'amp.init_scale': 1024}}"
+        )
 
 
 def _section_copy(section: str, holds: str = "its normalised keys") -> Any:
@@ -109,6 +122,7 @@ class Experiment:
             >>> exp.with_overrides({"search.seed": {"grid": [0, 1, 2]}}).search["seed"].grid_size()
             3
         """
+        _check_overrides_type(overrides)
         if not overrides:
             return self
         items = (
@@ -146,10 +160,14 @@ def load(
 ) -> Experiment:
     """Reads, validates and returns the experiment in ``path``, with dotted overrides.
 
+    ``overrides``: a list of ``KEY=VALUE`` strings (as ``--set`` takes) or a mapping of dotted
+    key -> value; a single string is a TypeError (it would be read letter by letter).
+
     Example:
         >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides={"seed": 3})
         >>> exp.get("seed")
         3
     """
+    _check_overrides_type(overrides)
     path = os.fspath(path)
     return Experiment(validate(read_file(path), path), path).with_overrides(overrides)

@@ -17,9 +17,11 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ray._common.deprecation import DEPRECATED_VALUE
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
@@ -31,7 +33,17 @@ from rllib_amp.settings import AmpSettings
 
 
 class ExperimentError(ValueError):
-    """Bad experiment input: the message names the file, the key, the value and the fix."""
+    """Bad experiment input: the message names the file, the key, the value and the fix.
+
+    The message is one line whatever the input: a key or value with a newline or another
+    line-breaking character (``\x1e``, ``\u2028``) is shown escaped.
+    """
+
+    def __init__(self, message: object = "") -> None:
+        text = str(message)
+        super().__init__(
+            "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+        )
 
 
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
@@ -64,6 +76,8 @@ TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
     "num_epochs": ((int,), 1, None),
     "grad_clip": ((int, float), 0.0, None),
 }
+# Seeds go to numpy's and torch's generators, which take 32-bit seeds.
+SEED_MAX = 2**32 - 1
 MODEL_KEYS = ("preset", "batchnorm", *(f.name for f in dataclasses.fields(DefaultModelConfig)))
 # Sections whose keys may be searched; "seed" is searched whole.
 SEARCHABLE = ("amp", "training", "resources", "env_config", "model", "seed")
@@ -139,6 +153,165 @@ def _training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
     return tuple(names)
 
 
+# Python types named by RLlib's type hints; a hint naming anything else is not checked here.
+_HINT_TYPES = {
+    "bool": "bool",
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "dict": "mapping",
+    "Dict": "mapping",
+    "list": "list",
+    "List": "list",
+    "tuple": "list",
+    "Tuple": "list",
+}
+_UNCHECKED_HINTS = re.compile(r"\b(Any|Callable|Type|ForwardRef|Space|Learner)\b|_empty")
+
+
+def _kinds_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+@functools.cache
+def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
+    """``training`` key -> the kinds of value RLlib takes for it (e.g. {"int", "list"}).
+
+    Read from RLlib itself: the type hints of ``training`` in every class of ``cls``'s MRO
+    (they disagree: ``grad_clip`` is an int in one and a float in another, so all count) and
+    the type of the default value. Keys whose hints name callables or classes are left out.
+
+    Example:
+        >>> sorted(training_types(algorithm("DQN").config_class)["n_step"])
+        ['int', 'list']
+    """
+    defaults = cls()
+    kinds: dict[str, set[str]] = {}
+    unchecked: set[str] = set()
+    for klass in cls.__mro__:
+        fn = vars(klass).get("training")
+        if fn is None:
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            if p.name == "self" or p.kind is p.VAR_KEYWORD:
+                continue
+            hint = str(p.annotation)
+            if _UNCHECKED_HINTS.search(hint):
+                unchecked.add(p.name)
+                continue
+            names = re.findall(r"[A-Za-z_]+", hint)
+            kinds.setdefault(p.name, set()).update(
+                _HINT_TYPES[n] for n in names if n in _HINT_TYPES
+            )
+    out: dict[str, frozenset[str]] = {}
+    for key, found in kinds.items():
+        default = getattr(defaults, key, None)
+        if key in unchecked or default is DEPRECATED_VALUE:
+            continue
+        if default is not None and not callable(default):
+            found.add(_kinds_of(default))
+        if "float" in found:
+            # An int is a fine float; and RLlib takes a schedule ([[timestep, value], ...])
+            # for coefficients whose hint says float only (PPO's entropy_coeff).
+            found.update(("int", "list"))
+        if found:
+            out[key] = frozenset(found)
+    return out
+
+
+@functools.cache
+def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
+    """``training`` keys a YAML file must not set -> why: deprecated, or Python objects only.
+
+    RLlib ignores some deprecated keys with a log line (PPO's ``vf_share_layers`` now lives in
+    the model config): a file setting one would silently not get what it asks for.
+
+    Example:
+        >>> unsettable_training_keys(algorithm("PPO").config_class)["vf_share_layers"]
+        'deprecated in RLlib (ignored or refused there); remove it'
+    """
+    out: dict[str, str] = {}
+    for klass in cls.__mro__:
+        fn = vars(klass).get("training")
+        if fn is None:
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            default = p.default
+            if type(default) is int and default == DEPRECATED_VALUE:
+                out.setdefault(p.name, "deprecated in RLlib (ignored or refused there); remove it")
+            elif re.search(r"\b(Callable|Type)\b", str(p.annotation)):
+                out.setdefault(
+                    p.name,
+                    "takes a Python class or function, which a YAML file cannot give; set it "
+                    "through the Python API (rllib_amp.with_amp on your AlgorithmConfig)",
+                )
+    return out
+
+
+def _allowed_words(kinds: frozenset[str]) -> str:
+    words = []
+    if "float" in kinds:
+        words.append("a number")
+        if "list" in kinds:
+            words.append("a [[timestep, value], ...] schedule")
+    elif "int" in kinds:
+        words.append("an integer")
+    for kind, word in (("bool", "true or false"), ("str", "a string"), ("mapping", "a mapping")):
+        if kind in kinds:
+            words.append(word)
+    if "list" in kinds and "float" not in kinds:
+        words.append("a list")
+    return " or ".join(words)
+
+
+def _check_training_type(path: str, key: str, value: Any, kinds: frozenset[str]) -> None:
+    if value is None:
+        return  # RLlib's hints are all Optional
+    kind = _kinds_of(value)
+    if kind not in kinds:
+        fix = f"; write {int(value)}" if kind == "float" and float(value).is_integer() else ""
+        raise _err(
+            path, f"training.{key}", f"got {value!r}; RLlib expects {_allowed_words(kinds)}{fix}"
+        )
+    if kind == "float" and math.isnan(value):
+        raise _err(path, f"training.{key}", f"got {value!r}; expected a number, not NaN")
+
+
+def is_integer_key(exp: Mapping[str, Any], dotted: str) -> bool:
+    """True when the experiment key ``dotted`` (e.g. ``training.num_epochs``) takes integers only.
+
+    Example:
+        >>> is_integer_key({"algorithm": "PPO"}, "training.minibatch_size")
+        True
+    """
+    top, _, rest = dotted.partition(".")
+    if top == "seed":
+        return True
+    if top == "resources":
+        return rest in RESOURCES and RESOURCES[rest][1] == (int,)
+    if top == "amp":
+        default = next((f.default for f in dataclasses.fields(AmpSettings) if f.name == rest), 0.0)
+        return isinstance(default, int) and not isinstance(default, bool)
+    if top == "training":
+        if rest in TRAINING_NUMBERS:
+            return TRAINING_NUMBERS[rest][0] == (int,)
+        kinds = training_types(algorithm(exp["algorithm"]).config_class).get(rest, frozenset())
+        return "int" in kinds and "float" not in kinds
+    return False
+
+
 # -- one validator per section: (raw value, sections checked so far, path) -> normalised ------
 def _required_name(section: str, value: Any, path: str) -> None:
     if value in (None, ""):
@@ -204,10 +377,18 @@ def _amp(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     training = _mapping(path, "training", value)
-    _keys(path, "training", training, _training_keys(algorithm(exp["algorithm"]).config_class))
+    cls = algorithm(exp["algorithm"]).config_class
+    _keys(path, "training", training, _training_keys(cls))
     for k, (types, lo, hi) in TRAINING_NUMBERS.items():
         if training.get(k) is not None:
             _number(path, f"training.{k}", training[k], types, lo, hi)
+    kinds = training_types(cls)
+    unsettable = unsettable_training_keys(cls)
+    for k, v in training.items():
+        if k in unsettable:
+            raise _err(path, f"training.{k}", unsettable[k])
+        if k in kinds:
+            _check_training_type(path, k, v, kinds[k])
     return training
 
 
@@ -261,7 +442,7 @@ def _checkpoint(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]
 
 def _seed(value: Any, exp: Mapping[str, Any], path: str) -> int | None:
     if value is not None:
-        _number(path, "seed", value, (int,), 0)
+        _number(path, "seed", value, (int,), 0, SEED_MAX)
     return value
 
 
@@ -299,6 +480,15 @@ def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]
             sampler = Sampler.parse(spec)
         except ValueError as e:
             raise _err(path, where, str(e)) from None
+        if sampler.kind in ("uniform", "loguniform") and is_integer_key(exp, key):
+            lo, hi = sampler.values
+            raise _err(
+                path,
+                where,
+                f"{sampler.kind} draws floats and '{key}' takes an integer; use "
+                f"{{randint: [{math.ceil(lo)}, {math.floor(hi) + 1}]}} or a grid/choice of "
+                f"integers",
+            )
         for edge in sampler.edges():
             section = with_dotted(exp[top], rest, edge, key, path) if rest else edge
             try:

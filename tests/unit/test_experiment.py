@@ -381,3 +381,72 @@ def test_resolved_is_plain_data_that_validates_to_the_same_experiment(tmp_path):
     assert plain["search"]["amp.init_scale"] == {"grid": [256.0, 65536.0]}
     assert yaml.safe_load(yaml.safe_dump(plain)) == plain
     assert E.validate(plain, exp.path) == exp.data
+
+
+# -- values RLlib, numpy and torch cannot take ----------------------------------------------------
+RLLIB_TYPES = [
+    # (section overrides, expected message fragment)
+    ({"seed": 2**32}, "seed: got 4294967296; must be <= 4294967295"),
+    ({"seed": 2**70}, "seed: got 1180591620717411303424; must be <= 4294967295"),
+    ({"training": {"entropy_coeff": "high"}}, "training.entropy_coeff: got 'high'; RLlib expects"),
+    ({"training": {"clip_param": float("nan")}}, "training.clip_param: got nan; expected a number"),
+    ({"training": {"num_epochs": 2.0}}, "training.num_epochs: got 2.0; expected an integer"),
+    ({"training": {"use_gae": "maybe"}}, "training.use_gae: got 'maybe'; RLlib expects true or"),
+    ({"training": {"grad_clip_by": 1}}, "training.grad_clip_by: got 1; RLlib expects a string"),
+    ({"training": {"optimizer": 3}}, "training.optimizer: got 3; RLlib expects a mapping"),
+    ({"training": {"vf_share_layers": True}}, "training.vf_share_layers: deprecated in RLlib"),
+    ({"training": {"learner_class": "x"}}, "training.learner_class: takes a Python class"),
+    (
+        {"algorithm": "DQN", "training": {"target_network_update_freq": 500.0}},
+        "training.target_network_update_freq: got 500.0; RLlib expects an integer; write 500",
+    ),
+    (
+        {"algorithm": "DQN", "training": {"double_q": 1}},
+        "training.double_q: got 1; RLlib expects true or false",
+    ),
+]
+
+
+@pytest.mark.parametrize("sections, fragment", RLLIB_TYPES, ids=[f[1][:40] for f in RLLIB_TYPES])
+def test_values_of_the_wrong_type_for_rllib_are_refused(sections, fragment):
+    with pytest.raises(E.ExperimentError) as e:
+        _exp(**sections)
+    assert fragment in str(e.value)
+
+
+def test_values_rllib_takes_in_several_forms_are_accepted():
+    _exp(training={"entropy_coeff": [[0, 0.01], [100, 0.0]], "kl_coeff": 1})
+    _exp(algorithm="DQN", training={"n_step": [1, 3], "epsilon": 0.1, "hiddens": [64]})
+    _exp(algorithm="APPO", training={"grad_clip": 40, "learner_queue_timeout": 30.5})
+
+
+@pytest.mark.parametrize(
+    "key, spec, fix",
+    [
+        ("training.num_epochs", {"loguniform": [1, 10]}, "{randint: [1, 11]}"),
+        ("training.minibatch_size", {"uniform": [16.5, 32]}, "{randint: [17, 33]}"),
+        ("amp.growth_interval", {"loguniform": [100, 4000]}, "{randint: [100, 4001]}"),
+        ("resources.num_env_runners", {"uniform": [0, 2]}, "{randint: [0, 3]}"),
+        ("seed", {"uniform": [0, 100]}, "{randint: [0, 101]}"),
+    ],
+)
+def test_a_float_sampler_on_an_integer_key_names_the_integer_samplers(key, spec, fix):
+    with pytest.raises(E.ExperimentError) as e:
+        _exp(search={key: spec})
+    msg = str(e.value)
+    assert msg.startswith(f"<t>: search.{key}: ") and "takes an integer" in msg
+    assert f"use {fix} or a grid/choice of integers" in msg
+
+
+def test_integer_samplers_on_integer_keys_and_float_samplers_on_float_keys_pass():
+    _exp(
+        search={
+            "training.num_epochs": {"randint": [1, 4]},
+            "amp.growth_interval": {"choice": [10, 100]},
+            "amp.init_scale": {"loguniform": [256.0, 65536.0]},
+            "training.lr": {"loguniform": [1e-5, 1e-3]},
+            "seed": {"grid": [0, 2**32 - 1]},
+        }
+    )
+    with pytest.raises(E.ExperimentError, match=r"got 2\.5; expected an integer"):
+        _exp(search={"training.num_epochs": {"grid": [1, 2.5]}})

@@ -1,0 +1,313 @@
+"""The result keys each algorithm reports, flattened with '/' as Tune sees them.
+
+A ``stop`` key or ``tune.metric`` that no result carries is not an error to Tune: the sweep
+never stops, or every trial fails at its first result. ``catalog(name)`` says which keys an
+algorithm reports, so that ``preflight`` can refuse the others and name the nearest real key.
+
+The catalog is built from RLlib's own names (``ray.rllib.utils.metrics``, the constants of the
+algorithm's and learner's modules, the scopes RLlib nests them under), Tune's automatic keys
+and rllib-amp's per-module keys (``rllib_amp.metrics``). Where RLlib logs a key under a literal
+string, the literal is listed here. ``tests/cli/test_result_catalog.py`` runs a real iteration
+of each algorithm and checks both directions: every key of the result is accepted, and every
+key offered as a suggestion is really reported.
+
+Example:
+    >>> c = catalog("PPO")
+    >>> c.accepts("env_runners/episode_return_mean"), c.accepts("episode_reward_mean")
+    (True, False)
+    >>> c.nearest("episode_reward_mean")
+    'env_runners/episode_return_mean'
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from ray.rllib.core import ALL_MODULES, DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
+from ray.rllib.core.learner import learner as rllib_learner
+from ray.rllib.utils import metrics as M
+from ray.tune import result as tune_result
+
+from rllib_amp import metrics as amp_metrics
+from rllib_amp.algorithms import algorithm
+
+# Keys Tune puts on every result of a class Trainable. Its timesteps_total, episodes_total and
+# timesteps_since_restore are filled only when the trainable reports timesteps_this_iter,
+# which RLlib's new API stack never does: a stop on them never triggers.
+TUNE_KEYS: tuple[str, ...] = (
+    *(
+        k
+        for k in dict.fromkeys(tune_result.AUTO_RESULT_KEYS)
+        if k
+        not in (
+            tune_result.TIMESTEPS_TOTAL,
+            tune_result.EPISODES_TOTAL,
+            "timesteps_since_restore",
+            tune_result.CONFIG_PREFIX,
+        )
+    ),
+    tune_result.DONE,
+    tune_result.TRIAL_ID,
+    tune_result.EXPERIMENT_TAG,
+)
+# Tune keys that are text, or bookkeeping: accepted, never offered as a suggestion.
+_NOT_SUGGESTED = {
+    tune_result.HOSTNAME,
+    tune_result.NODE_IP,
+    tune_result.TRIAL_ID,
+    tune_result.EXPERIMENT_TAG,
+    tune_result.DONE,
+    "date",
+    "checkpoint_dir_name",
+}
+# Top-level keys RLlib's Algorithm reports for every algorithm.
+RLLIB_TOP_KEYS = (M.NUM_ENV_STEPS_SAMPLED_LIFETIME, M.NUM_TRAINING_STEP_CALLS_PER_ITERATION)
+# Scopes every algorithm reports under (the first part of a flattened key).
+SCOPES = (
+    M.ENV_RUNNER_RESULTS,
+    M.LEARNER_RESULTS,
+    M.TIMERS,
+    M.FAULT_TOLERANCE_STATS,
+    "perf",
+    "env_runner_group",
+)
+# Names RLlib logs as string literals rather than through a constant.
+LITERAL_LEAVES = (
+    "agent_episode_return_mean",
+    "module_episode_return_mean",
+    "num_healthy_workers",
+    "num_remote_worker_restarts",
+    "num_env_runners_dropped_lifetime",
+    "actor_manager_num_outstanding_async_reqs",
+    "learner_group_ts_dropped_lifetime",
+    "learner_thread_out_queue_size",
+    "cpu_util_percent",
+    "ram_util_percent",
+    "gpu_util_percent0",
+    "vram_util_percent0",
+    rllib_learner.Learner.TOTAL_LOSS_KEY,
+)
+CONNECTOR_GROUPS = (M.ENV_TO_MODULE_CONNECTOR, M.MODULE_TO_ENV_CONNECTOR, M.LEARNER_CONNECTOR)
+THROUGHPUT_PARTS = ("throughput_since_last_reduce", "throughput_since_last_restore")
+_NAME = r"[A-Za-z0-9_]+"
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What one algorithm reports beyond the common keys."""
+
+    top: tuple[str, ...] = ()
+    scopes: tuple[str, ...] = ()
+    # Per-module learner keys worth suggesting (the losses people stop or rank on).
+    learner: tuple[str, ...] = ()
+
+
+def _const(module: str, name: str) -> str:
+    return str(getattr(importlib.import_module(module), name))
+
+
+_PPO_LOSSES = (
+    rllib_learner.POLICY_LOSS_KEY,
+    rllib_learner.VF_LOSS_KEY,
+    rllib_learner.ENTROPY_KEY,
+)
+FAMILIES: dict[str, _Family] = {
+    "PPO": _Family(
+        learner=(
+            *_PPO_LOSSES,
+            _const("ray.rllib.algorithms.ppo.ppo", "LEARNER_RESULTS_KL_KEY"),
+            _const("ray.rllib.algorithms.ppo.ppo", "LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY"),
+        ),
+    ),
+    "APPO": _Family(
+        top=(
+            M.MEAN_NUM_LEARNER_GROUP_UPDATE_CALLED,
+            M.NUM_SYNCH_WORKER_WEIGHTS,
+            M.NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
+        ),
+        scopes=("learner_group",),
+        learner=(*_PPO_LOSSES, _const("ray.rllib.algorithms.appo.appo", "LEARNER_RESULTS_KL_KEY")),
+    ),
+    "DQN": _Family(
+        scopes=("replay_buffer",),
+        learner=(
+            _const("ray.rllib.algorithms.dqn.dqn_learner", "QF_LOSS_KEY"),
+            _const("ray.rllib.algorithms.dqn.dqn_learner", "TD_ERROR_MEAN_KEY"),
+            _const("ray.rllib.algorithms.dqn.dqn_learner", "QF_MEAN_KEY"),
+        ),
+    ),
+}
+# Old API stack names that users carry over, and what the new stack reports instead.
+RENAMED = {
+    "timesteps_total": M.NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    "episodes_total": f"{M.ENV_RUNNER_RESULTS}/{M.NUM_EPISODES_LIFETIME}",
+    "episode_reward_mean": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_RETURN_MEAN}",
+    "episode_reward_max": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_RETURN_MAX}",
+    "episode_reward_min": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_RETURN_MIN}",
+    "episode_len_mean": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_LEN_MEAN}",
+}
+# Suggested for every algorithm: what a stop or a metric is usually meant to be.
+ENV_RUNNER_HEADLINES = (
+    M.EPISODE_RETURN_MEAN,
+    M.EPISODE_RETURN_MAX,
+    M.EPISODE_RETURN_MIN,
+    M.EPISODE_LEN_MEAN,
+    M.EPISODE_LEN_MAX,
+    M.EPISODE_LEN_MIN,
+    M.NUM_EPISODES,
+    M.NUM_EPISODES_LIFETIME,
+    M.NUM_ENV_STEPS_SAMPLED,
+    M.NUM_ENV_STEPS_SAMPLED_LIFETIME,
+)
+ALL_MODULES_HEADLINES = (
+    M.NUM_ENV_STEPS_TRAINED,
+    M.NUM_ENV_STEPS_TRAINED_LIFETIME,
+    M.NUM_MODULE_STEPS_TRAINED,
+    M.NUM_MODULE_STEPS_TRAINED_LIFETIME,
+)
+
+
+def _identifier_constants(modules: Iterable[object]) -> set[str]:
+    """The values of the UPPER_CASE string constants of ``modules`` that look like key names."""
+    out: set[str] = set()
+    for module in modules:
+        for name, value in vars(module).items():
+            if name.isupper() and isinstance(value, str) and re.fullmatch(_NAME, value):
+                out.add(value)
+    return out
+
+
+def _rllib_modules(name: str) -> list[object]:
+    """The modules of the algorithm's and its learner's classes (where their key constants are)."""
+    record = algorithm(name)
+    algo_class = record.config_class().algo_class
+    classes = [*(algo_class.__mro__ if algo_class else ()), *record.learner.__mro__]
+    names = {c.__module__ for c in classes if c.__module__.startswith("ray.rllib.")}
+    return [M, rllib_learner, *(importlib.import_module(n) for n in sorted(names))]
+
+
+@dataclass(frozen=True)
+class ResultCatalog:
+    """The flattened result keys one algorithm reports (single-agent: one module, one agent).
+
+    Attributes:
+        algorithm: The algorithm's name.
+        top: Keys without a scope (``training_iteration``, ``num_env_steps_sampled_lifetime``).
+        scopes: First parts of scoped keys (``env_runners``, ``learners``, ...).
+        leaves: Names that may follow a scope.
+        suggestions: Concrete keys offered as "did you mean" (each one really reported).
+    """
+
+    algorithm: str
+    top: frozenset[str]
+    scopes: frozenset[str]
+    leaves: frozenset[str]
+    suggestions: tuple[str, ...]
+
+    def accepts(self, key: str, config_keys: Collection[str] = ()) -> bool:
+        """True when a result of this algorithm can carry ``key``.
+
+        ``config_keys``: the trial config's keys (``AlgorithmConfig.to_dict()``), for
+        ``config/<key>/...``: Tune puts the config on every result (with a ``class`` entry).
+
+        Example:
+            >>> catalog("DQN").accepts("learners/default_policy/qf_loss")
+            True
+        """
+        parts = key.split("/")
+        if len(parts) == 1:
+            return key in self.top
+        scope, rest = parts[0], parts[1:]
+        if scope == tune_result.CONFIG_PREFIX:
+            return rest[0] in config_keys or rest == ["class"]
+        if scope not in self.scopes:
+            return False
+        if scope == M.LEARNER_RESULTS:
+            if rest[0] not in (DEFAULT_MODULE_ID, ALL_MODULES):
+                return False
+            rest = rest[1:]
+            if len(rest) == 1 and re.fullmatch(
+                rf"gradients_{_NAME}_global_norm|{_NAME}_{rllib_learner.LR_KEY}", rest[0]
+            ):
+                return True
+        return self._accepts_leaf(rest)
+
+    def _accepts_leaf(self, rest: list[str]) -> bool:
+        if not rest:
+            return False
+        head = rest[0]
+        if head in CONNECTOR_GROUPS:
+            return rest[1:] == [M.CONNECTOR_PIPELINE_TIMER] or (
+                len(rest) == 4
+                and rest[1:3] == [M.TIMERS, M.CONNECTOR_TIMERS]
+                and re.fullmatch(_NAME, rest[3]) is not None
+            )
+        base = head.removesuffix("_throughput")
+        if head not in self.leaves and base not in self.leaves:
+            return False
+        if len(rest) == 1:
+            return True
+        if len(rest) == 2:
+            if head != base:
+                return rest[1] in THROUGHPUT_PARTS
+            return rest[1] in (DEFAULT_MODULE_ID, DEFAULT_AGENT_ID)
+        return False
+
+    def nearest(self, key: str) -> str | None:
+        """The suggested key most like ``key`` (whole key, or its last part), or None.
+
+        Example:
+            >>> catalog("PPO").nearest("training_iterations")
+            'training_iteration'
+        """
+        last = key.rsplit("/", 1)[-1]
+        renamed = RENAMED.get(key) or RENAMED.get(last)
+        if renamed in self.suggestions:
+            return renamed
+        best: tuple[float, str] | None = None
+        for candidate in self.suggestions:
+            whole = difflib.SequenceMatcher(None, key, candidate).ratio()
+            tail = difflib.SequenceMatcher(None, last, candidate.rsplit("/", 1)[-1]).ratio()
+            score = max(whole, tail - 0.05)  # the whole key wins a tie
+            if best is None or score > best[0]:
+                best = (score, candidate)
+        return best[1] if best and best[0] >= 0.6 else None
+
+
+@functools.cache
+def catalog(name: str) -> ResultCatalog:
+    """The result catalog of the algorithm ``name`` (case-insensitive).
+
+    Example:
+        >>> "learners/default_policy/amp_grad_scale" in catalog("APPO").suggestions
+        True
+    """
+    record = algorithm(name)
+    family = FAMILIES.get(record.name, _Family())
+    leaves = _identifier_constants(_rllib_modules(record.name))
+    leaves.update(LITERAL_LEAVES)
+    leaves.update(amp_metrics.ALL_KEYS)
+    top = {*TUNE_KEYS, *RLLIB_TOP_KEYS, *family.top}
+    module = f"{M.LEARNER_RESULTS}/{DEFAULT_MODULE_ID}"
+    suggestions = [
+        *sorted(k for k in top if k not in _NOT_SUGGESTED),
+        *(f"{M.ENV_RUNNER_RESULTS}/{k}" for k in ENV_RUNNER_HEADLINES),
+        f"{M.ENV_RUNNER_RESULTS}/agent_episode_return_mean/{DEFAULT_AGENT_ID}",
+        f"{M.ENV_RUNNER_RESULTS}/module_episode_return_mean/{DEFAULT_MODULE_ID}",
+        *(f"{M.LEARNER_RESULTS}/{ALL_MODULES}/{k}" for k in ALL_MODULES_HEADLINES),
+        *(f"{module}/{k}" for k in amp_metrics.ALL_KEYS),
+        f"{module}/{rllib_learner.Learner.TOTAL_LOSS_KEY}",
+        *(f"{module}/{k}" for k in family.learner),
+    ]
+    return ResultCatalog(
+        algorithm=record.name,
+        top=frozenset(top),
+        scopes=frozenset((*SCOPES, *family.scopes)),
+        leaves=frozenset(leaves),
+        suggestions=tuple(dict.fromkeys(suggestions)),
+    )
