@@ -33,6 +33,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
+from ray.rllib.algorithms.impala import IMPALAConfig
 from ray.rllib.core import COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
@@ -251,7 +252,8 @@ class AmpLearnerMixin(_MixinBase):
         report_update(
             self.metrics,
             self.amp_scalers,
-            num_learners=self.config.num_learners,
+            # IMPALA and APPO learners feed several update results into one iteration.
+            merged_results=self.config.num_learners > 1 or isinstance(self.config, IMPALAConfig),
             trial=self._amp_trial,
         )
 

@@ -32,17 +32,19 @@ _COUNTER: dict[str, Any] = {"reduce": "max", "window": 1}
 
 
 def report_update(
-    metrics: Any, scalers: Mapping[str, PolicyScaler], *, num_learners: int, trial: str
+    metrics: Any, scalers: Mapping[str, PolicyScaler], *, merged_results: bool, trial: str
 ) -> None:
     """Logs each module's AMP metrics for the update that just ended; warns when due.
 
-    ``metrics`` is the learner's MetricsLogger; ``trial`` tags the Ray metrics.
+    ``metrics`` is the learner's MetricsLogger; ``trial`` tags the Ray metrics;
+    ``merged_results``: the algorithm merges several learner results into one iteration
+    (several learners, or an asynchronous learner such as APPO's).
     """
     # RLlib's "item" reduce keeps the latest value (the scale after the iteration's last
-    # update) but cannot merge several learners; their scalers are identical (DDP), so there
-    # the scale is averaged over the iteration's updates instead.
+    # update) but cannot merge several results; where results are merged the scale is
+    # averaged over the iteration's updates instead (DDP learners' scalers are identical).
     reduce_by_key = {
-        M.GRAD_SCALE: {"reduce": "item"} if num_learners <= 1 else {"window": 1},
+        M.GRAD_SCALE: {"window": 1} if merged_results else {"reduce": "item"},
         M.SKIP_FRACTION: {"window": 1},
     }
     for module_id, scaler in scalers.items():
