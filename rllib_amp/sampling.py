@@ -30,18 +30,28 @@ def sampling_config(
     num_envs: int = 16,
     model: str = "mini",
     algorithm: str = "PPO",
+    num_cpus: int = 2,
     env_config: Mapping[str, Any] | None = None,
 ) -> Any:
-    """A config for one local EnvRunner sampling ``env_id`` on the given Atari path.
+    """A config for one local EnvRunner with ``num_cpus`` CPUs sampling ``env_id``.
 
-    Add ``with_amp`` to it for autocast inference. Example:
+    ``preprocessing``: the Atari path (``native`` or ``wrappers``). The native env gets one
+    ALE thread per CPU, as in a Ray EnvRunner. Add ``with_amp`` for autocast inference.
+
+    Example:
         >>> cfg = sampling_config(WRAPPERS, num_envs=2)
         >>> cfg.num_envs_per_env_runner, cfg.gym_env_vectorize_mode
         (2, 'sync')
     """
     cfg = algorithm_record(algorithm).config_class()
-    envs.configure_env(cfg, env_id, {**(env_config or {}), PREPROCESSING_KEY: preprocessing})
-    cfg.env_runners(num_env_runners=0, num_envs_per_env_runner=num_envs)
+    env_config = {**(env_config or {}), PREPROCESSING_KEY: preprocessing}
+    if preprocessing == NATIVE:
+        # A local runner has no Ray CPU assignment to follow: give it the same count.
+        env_config.setdefault("num_threads", max(1, min(num_cpus, num_envs)))
+    envs.configure_env(cfg, env_id, env_config)
+    cfg.env_runners(
+        num_env_runners=0, num_envs_per_env_runner=num_envs, num_cpus_per_env_runner=num_cpus
+    )
     cfg.rl_module(model_config=models.model_config(model, image=True))
     return cfg
 
@@ -64,16 +74,21 @@ def measure_sampling(
     """Env steps per second of one EnvRunner built from ``config``, inference included.
 
     The runner lives in this process (the config's ``env_runner_cls``, RLlib's
-    SingleAgentEnvRunner by default); actions come from its RLModule, as in training.
+    SingleAgentEnvRunner by default); actions come from its RLModule, as in training. Torch
+    runs ``num_cpus_per_env_runner`` threads meanwhile, as Ray sets for an EnvRunner actor
+    (OMP_NUM_THREADS); more threads than cores stall every small op on a busy machine.
 
     Example:
         >>> r = measure_sampling(sampling_config(num_envs=2), env_steps=64)  # doctest: +SKIP
         >>> r.steps_per_s > 0  # doctest: +SKIP
         True
     """
+    import torch
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     runner_cls = config.env_runner_cls or SingleAgentEnvRunner
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(config.num_cpus_per_env_runner)))
     runner = runner_cls(config=config)
     try:
         runner.sample(num_timesteps=warmup_steps, random_actions=False)
@@ -83,4 +98,5 @@ def measure_sampling(
         steps = sum(len(e) for e in episodes)
     finally:
         runner.stop()
+        torch.set_num_threads(torch_threads)
     return SamplingThroughput(env_steps=steps, seconds=seconds)

@@ -175,3 +175,18 @@ def test_native_options_the_wrappers_cannot_change_are_clear_errors():
 def test_the_env_itself_checks_options_it_is_given_directly():
     with pytest.raises(ValueError, match=r"env_config\.obs_type"):
         make("Pong", obs_type="rgb")
+
+
+def test_measure_sampling_times_one_env_runner_on_either_path():
+    import torch
+
+    from rllib_amp import sampling
+
+    threads = torch.get_num_threads()
+    paths = {sampling.NATIVE: atari.AleVectorEnv, sampling.WRAPPERS: envs.AtariEnv}
+    for path, env_cls in paths.items():
+        cfg = sampling.sampling_config(path, num_envs=2, num_cpus=1)
+        assert cfg.env is env_cls
+        result = sampling.measure_sampling(cfg, env_steps=16, warmup_steps=4)
+        assert result.env_steps >= 16 and result.steps_per_s > 0
+    assert torch.get_num_threads() == threads
