@@ -1,8 +1,9 @@
 """The algorithms rllib-amp supports: one record each, read by every other module.
 
 A record names the algorithm, its RLlib config class, RLlib's torch learner, the rllib-amp
-learner that replaces it, RLlib's default torch RLModule and that module with BatchNorm. To
-support another algorithm, add its AMP learner class and one record here.
+learner that replaces it, RLlib's default torch RLModule, that module taking uint8 image
+observations (the native Atari path) and that one with BatchNorm. To support another
+algorithm, add its AMP learner class and one record here.
 
 Example:
     >>> ALGORITHMS["PPO"].amp_learner.__name__
@@ -29,7 +30,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_amp.checks import suggest
 from rllib_amp.learner import AmpLearnerMixin
-from rllib_amp.models import with_batchnorm
+from rllib_amp.models import with_batchnorm, with_uint8_images
 
 
 # The AMP learners and BatchNorm modules have module-level names so that Ray and RLlib's
@@ -46,10 +47,24 @@ class AmpAPPOTorchLearner(AmpLearnerMixin, APPOTorchLearner):
     """APPO's torch learner with autocast and a checkpointed GradScaler per policy."""
 
 
-BatchNormDefaultPPOTorchRLModule = with_batchnorm(DefaultPPOTorchRLModule)
-BatchNormDefaultDQNTorchRLModule = with_batchnorm(DefaultDQNTorchRLModule)
-BatchNormDefaultAPPOTorchRLModule = with_batchnorm(DefaultAPPOTorchRLModule)
+Uint8DefaultPPOTorchRLModule = with_uint8_images(DefaultPPOTorchRLModule)
+Uint8DefaultDQNTorchRLModule = with_uint8_images(DefaultDQNTorchRLModule)
+Uint8DefaultAPPOTorchRLModule = with_uint8_images(DefaultAPPOTorchRLModule)
+# BatchNorm modules take uint8 and float observations alike; their names predate uint8
+# input and are kept, so existing checkpoints still find them.
+BatchNormDefaultPPOTorchRLModule = with_batchnorm(
+    Uint8DefaultPPOTorchRLModule, name="BatchNormDefaultPPOTorchRLModule"
+)
+BatchNormDefaultDQNTorchRLModule = with_batchnorm(
+    Uint8DefaultDQNTorchRLModule, name="BatchNormDefaultDQNTorchRLModule"
+)
+BatchNormDefaultAPPOTorchRLModule = with_batchnorm(
+    Uint8DefaultAPPOTorchRLModule, name="BatchNormDefaultAPPOTorchRLModule"
+)
 for _cls in (
+    Uint8DefaultPPOTorchRLModule,
+    Uint8DefaultDQNTorchRLModule,
+    Uint8DefaultAPPOTorchRLModule,
     BatchNormDefaultPPOTorchRLModule,
     BatchNormDefaultDQNTorchRLModule,
     BatchNormDefaultAPPOTorchRLModule,
@@ -66,6 +81,7 @@ class Algorithm:
     learner: type[TorchLearner]
     amp_learner: type[TorchLearner]
     module: type
+    uint8_module: type
     batchnorm_module: type
 
 
@@ -79,6 +95,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             PPOTorchLearner,
             AmpPPOTorchLearner,
             DefaultPPOTorchRLModule,
+            Uint8DefaultPPOTorchRLModule,
             BatchNormDefaultPPOTorchRLModule,
         ),
         Algorithm(
@@ -87,6 +104,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             DQNTorchLearner,
             AmpDQNTorchLearner,
             DefaultDQNTorchRLModule,
+            Uint8DefaultDQNTorchRLModule,
             BatchNormDefaultDQNTorchRLModule,
         ),
         Algorithm(
@@ -95,6 +113,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             APPOTorchLearner,
             AmpAPPOTorchLearner,
             DefaultAPPOTorchRLModule,
+            Uint8DefaultAPPOTorchRLModule,
             BatchNormDefaultAPPOTorchRLModule,
         ),
     )

@@ -1,17 +1,28 @@
 """Environments: ALE Atari with DeepMind preprocessing, and any gymnasium id.
 
+``configure_env`` is the one place that points an AlgorithmConfig at an env. ``ALE/*`` ids
+run on ALE's native vector env (``rllib_amp.atari``, uint8 observations) unless
+``env_config`` says ``preprocessing: wrappers`` (RLlib's Python Atari wrappers, float32).
+
 Example:
-    >>> env_for_rllib("CartPole-v1", None)
+    >>> from ray.rllib.algorithms.ppo import PPOConfig
+    >>> cfg = PPOConfig()
+    >>> configure_env(cfg, "CartPole-v1", None)
+    >>> cfg.env, cfg.env_config
     ('CartPole-v1', {})
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from rllib_amp import atari
+from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config
 from rllib_amp.checks import suggest
 
 ATARI_PREFIX = "ALE/"
@@ -41,11 +52,14 @@ def check_env_id(env_id: str) -> None:
 
 
 class AtariEnv(gym.Wrapper):
-    """An ALE game with the usual DeepMind preprocessing.
+    """An ALE game with the usual DeepMind preprocessing: the ``wrappers`` path.
 
     84x84 grayscale, frame skip 4 with max-pooling over the last two frames, a 4-frame
     stack, up to 30 no-op starts, episodic life, FIRE on reset where the game needs it
-    (RLlib's own Atari wrappers), and rewards clipped to their sign.
+    (RLlib's own Atari wrappers), and rewards clipped to their sign. Observations are
+    float32 in [-1, 1] (x / 128 - 1). The default path is ALE's native vector env
+    (``rllib_amp.atari``); this one stays for comparison and for ale_py options the native
+    env lacks (``mode``, ``difficulty``...).
 
     ``config``: ``{"id": "ALE/Pong-v5", ...}``; other keys go to ``gym.make`` (e.g.
     ``repeat_action_probability``). The class is what RLlib gets as ``env``, so env runners
@@ -71,23 +85,53 @@ class AtariEnv(gym.Wrapper):
         super().__init__(env)
 
 
-def configure_env(config: Any, env_id: str, env_config: dict[str, Any] | None) -> None:
+def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None) -> None:
     """Sets ``config`` (an AlgorithmConfig) to sample ``env_id``; the one place that does.
+
+    For ``ALE/*`` ids, ``env_config["preprocessing"]`` picks the path:
+
+    - ``native`` (default): ALE's C++ vector env (``rllib_amp.atari.AleVectorEnv``) with
+      threads, uint8 observations, and the algorithm's RLModule that converts them inside
+      its forward pass (``Algorithm.uint8_module``). Options: ``atari.NATIVE_OPTIONS``.
+    - ``wrappers``: RLlib's Atari wrappers (``AtariEnv``) in a gymnasium SyncVectorEnv,
+      float32 observations in [-1, 1]; other keys go to ``gym.make``.
+
+    Call it before setting your own RLModuleSpec: the native path sets the module class.
+    Raises ValueError naming the key and the fix for an option the chosen path cannot honour.
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig
         >>> cfg = PPOConfig()
-        >>> configure_env(cfg, "CartPole-v1", {})
-        >>> cfg.env
-        'CartPole-v1'
+        >>> configure_env(cfg, "ALE/Pong-v5", {"repeat_action_probability": 0.25})
+        >>> cfg.env.__name__, cfg.gym_env_vectorize_mode
+        ('AleVectorEnv', 'vector_entry_point')
     """
-    env, kwargs = env_for_rllib(env_id, env_config)
-    config.environment(env=env, env_config=kwargs)
-
-
-def env_for_rllib(env_id: str, env_config: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
-    """What to pass to ``AlgorithmConfig.environment(env=..., env_config=...)``."""
     env_config = dict(env_config or {})
-    if is_atari(env_id):
-        return AtariEnv, {"id": env_id, **env_config}
-    return env_id, env_config
+    if not is_atari(env_id):
+        config.environment(env=env_id, env_config=env_config)
+        return
+    path = env_config.pop(atari.PREPROCESSING_KEY, atari.NATIVE)
+    if path == atari.WRAPPERS:
+        atari.check_wrapper_options(env_config)
+        env_config.pop("episodic_life", None)  # the wrappers' default, nothing to pass on
+        config.environment(env=AtariEnv, env_config={"id": env_id, **env_config})
+        config.env_runners(gym_env_vectorize_mode=gym.VectorizeMode.SYNC.value)
+        return
+    if path != atari.NATIVE:
+        raise ValueError(
+            f"env_config.{atari.PREPROCESSING_KEY}: got {path!r}; allowed: "
+            f"{' | '.join(atari.PATHS)} (a fixed value: the two paths need different "
+            f"RLModules, so it cannot be searched)"
+        )
+    atari.check_native_options(env_config)
+    atari.ale_game(env_id)  # fails now, not in an EnvRunner, for an id without a vector env
+    record = algorithm_for_config(config)
+    if record is None:
+        raise ValueError(
+            f"env: {env_id!r} on the native Atari path needs one of rllib-amp's algorithms "
+            f"({', '.join(ALGORITHMS)}), got {type(config).__name__}; set env_config."
+            f"{atari.PREPROCESSING_KEY}: {atari.WRAPPERS} for RLlib's float32 wrappers"
+        )
+    config.environment(env=atari.AleVectorEnv, env_config={"id": env_id, **env_config})
+    config.env_runners(gym_env_vectorize_mode=gym.VectorizeMode.VECTOR_ENTRY_POINT.value)
+    config.rl_module(rl_module_spec=RLModuleSpec(module_class=record.uint8_module))

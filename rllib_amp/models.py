@@ -1,4 +1,4 @@
-"""Model presets (mini / full / high) and the BatchNorm option.
+"""Model presets (mini / full / high), the BatchNorm option and uint8 image input.
 
 Presets are the three sizes of the autowzry-agent project: ``mini`` (~0.5M parameters),
 ``full`` (the Nature CNN, a few million) and ``high`` (~10M), for image input, with MLP
@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from torch import nn
 
 # RLlib DefaultModelConfig settings per preset. conv_filters: [out_channels, kernel, stride].
@@ -87,11 +88,11 @@ def insert_batchnorm(root: nn.Module) -> int:
     return inserted
 
 
-def with_batchnorm(base: type) -> type:
+def with_batchnorm(base: type, *, name: str | None = None) -> type:
     """``base`` (an RLModule class) with a BatchNorm2d after each Conv2d of its encoders.
 
-    Give the result a module-level name (see ``rllib_amp.algorithms``) so Ray pickles it
-    by reference.
+    Give the result a module-level name (see ``rllib_amp.algorithms``; ``name`` sets the
+    class name, ``BatchNorm<base>`` by default) so Ray pickles it by reference.
     """
 
     class WithBatchNorm(base):  # type: ignore[valid-type,misc]
@@ -99,12 +100,80 @@ def with_batchnorm(base: type) -> type:
             super().setup()
             insert_batchnorm(self)
 
-    WithBatchNorm.__name__ = WithBatchNorm.__qualname__ = f"BatchNorm{base.__name__}"
+    WithBatchNorm.__name__ = WithBatchNorm.__qualname__ = name or f"BatchNorm{base.__name__}"
     return WithBatchNorm
 
 
-# The observation space of the Atari preprocessing (see rllib_amp.envs.AtariEnv).
-ATARI_OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (84, 84, 4), np.float32)
+def uint8_to_input(x: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels -> the network's input, x / 128 - 1 in [-1, 1); other dtypes pass through.
+
+    The range is that of RLlib's Atari wrappers (NormalizedImageEnv), so a network sees the
+    same numbers on either Atari path. Under autocast the pixels go straight to the autocast
+    dtype: 0..255 and the result are exact in bfloat16 and float16 (steps of 1/128).
+
+    Example:
+        >>> uint8_to_input(torch.tensor([0, 128, 255], dtype=torch.uint8))
+        tensor([-1.0000,  0.0000,  0.9922])
+    """
+    if x.dtype != torch.uint8:
+        return x
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    out = x.to(dtype or torch.float32)
+    return out.mul_(1.0 / 128.0).sub_(1.0)
+
+
+class Uint8ImageInput(nn.Sequential):
+    """An image encoder's network that first turns uint8 pixels into its float input.
+
+    Replaces RLlib's ``TorchCNNEncoder.net`` (same children, so the same state_dict keys):
+    every path through the encoder converts, target and old-policy copies included.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(uint8_to_input(x))
+
+
+def accept_uint8_images(root: nn.Module) -> int:
+    """Makes every CNN encoder inside ``root`` take uint8 observations; returns how many."""
+    from ray.rllib.core.models.torch.encoder import TorchCNNEncoder
+
+    changed = 0
+    for module in list(root.modules()):
+        if isinstance(module, TorchCNNEncoder) and not isinstance(module.net, Uint8ImageInput):
+            module.net = Uint8ImageInput(*module.net)
+            changed += 1
+    return changed
+
+
+def with_uint8_images(base: type) -> type:
+    """``base`` (an RLModule class) whose CNN encoders take uint8 image observations.
+
+    Observations stay uint8 in episodes, train batches and replay buffers (a quarter of
+    float32's bytes); the module converts inside its forward pass (``uint8_to_input``). Float
+    observations pass through unchanged. Give the result a module-level name (see
+    ``rllib_amp.algorithms``).
+
+    Example:
+        >>> from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
+        ...     DefaultPPOTorchRLModule)
+        >>> with_uint8_images(DefaultPPOTorchRLModule).__name__
+        'Uint8DefaultPPOTorchRLModule'
+    """
+
+    class WithUint8Images(base):  # type: ignore[valid-type,misc]
+        def setup(self) -> None:
+            super().setup()
+            accept_uint8_images(self)
+
+    WithUint8Images.__name__ = WithUint8Images.__qualname__ = f"Uint8{base.__name__}"
+    return WithUint8Images
+
+
+# The observation spaces of the two Atari paths: ALE's native vector env (rllib_amp.atari)
+# and RLlib's wrappers (rllib_amp.envs.AtariEnv). The networks are the same.
+ATARI_OBS_SPACE = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+ATARI_WRAPPERS_OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (84, 84, 4), np.float32)
 
 
 def count_parameters(

@@ -1,9 +1,10 @@
-"""Atari preprocessing and model presets."""
+"""RLlib's Atari wrappers (the ``wrappers`` path) and env id checks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rllib_amp import envs
 
@@ -39,11 +40,19 @@ def test_atari_env_has_deepmind_preprocessing():
     env.close()
 
 
-def test_env_for_rllib_routes_atari_through_the_wrapper():
-    assert envs.env_for_rllib("CartPole-v1", None) == ("CartPole-v1", {})
-    env, cfg = envs.env_for_rllib("ALE/Breakout-v5", {"repeat_action_probability": 0.25})
-    assert env is envs.AtariEnv
-    assert cfg == {"id": "ALE/Breakout-v5", "repeat_action_probability": 0.25}
+def test_wrappers_and_native_paths_give_the_network_the_same_numbers():
+    # The wrappers normalise to x / 128 - 1; the native path keeps uint8 and the module
+    # converts with the same formula, so a network sees the same range on either path.
+    from rllib_amp.models import uint8_to_input
+
+    env = envs.AtariEnv({"id": "ALE/Pong-v5"})
+    obs, _ = env.reset(seed=0)
+    pixels = np.rint((obs + 1.0) * 128.0)
+    assert pixels.min() >= 0 and pixels.max() <= 255
+    np.testing.assert_array_equal((pixels / 128.0 - 1.0).astype(np.float32), obs)
+    converted = uint8_to_input(torch.from_numpy(pixels.astype(np.uint8))).numpy()
+    np.testing.assert_array_equal(converted, obs)
+    env.close()
 
 
 def test_unknown_env_id_suggests_nearest():
