@@ -5,7 +5,7 @@ RLlib leaves the loss scale out of its learner state, so a restored run would re
 to its state; every checkpoint, weight sync and Tune restore carries it from there.
 
 Example:
-    >>> from rllib_amp.scaler import PolicyScaler
+    >>> from rllib_amp.scaler import PolicyScaler, saved_scale, seed_scalers
     >>> from rllib_amp.settings import AmpSettings
     >>> scalers = {"p0": PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)}
     >>> scaler_state(scalers)["p0"]["torch"]["scale"]
@@ -21,7 +21,7 @@ from typing import Any
 # Restores are checked file by file in checkpoint_files; the error is importable from here too.
 from rllib_amp.checkpoint_files import CheckpointError
 from rllib_amp.log_events import event
-from rllib_amp.scaler import PolicyScaler
+from rllib_amp.scaler import PolicyScaler, saved_scale, seed_scalers
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ def restore_scaler_state(
     full: bool,
 ) -> None:
     """Loads the scalers from a learner state, saying what it could not restore.
+
+    What wins (the PBT rules, docs/update-step.md): the live scale, growth tracker and
+    counters come from ``state``; growth_factor, backoff_factor and growth_interval are the
+    scalers' own (this run's config); this run's init_scale plays no part. Modules that
+    share one scale (``shared_scaler``) continue at the smallest of their saved scales.
 
     A ``full`` state (a checkpoint's: it carries optimizer state) without scaler state gets
     one INFO line; weight syncs pass module weights alone and are not worth a word. Scaler
@@ -68,11 +73,15 @@ def restore_scaler_state(
         )
         return
     fresh = []
+    seeds = {}
     for module_id, scaler in scalers.items():
         if module_id in saved:
-            scaler.load_state_dict(saved[module_id])
+            scaler.load_counters(saved[module_id])
+            if (seed := saved_scale(saved[module_id])) is not None:
+                seeds[module_id] = seed
         else:
             fresh.append(module_id)
+    seed_scalers(scalers, seeds)
     if fresh:
         logger.info(
             "rllib_amp: no saved scaler state for modules %s; they start fresh",

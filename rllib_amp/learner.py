@@ -2,6 +2,8 @@
 
 Each override wraps RLlib's own method and hands the AMP part to the module that owns it:
 
+    build / add_module             a scaler per module (or one shared scale),  (scaler,
+                                   seeded by a warm start                      warm_start)
     _uncompiled_update             RLlib's update step, inside autocast
     compute_losses                 float32 into and out of the loss maths    (precision)
     compute_gradients              scaled losses -> RLlib's backward          (loss_scaling)
@@ -51,6 +53,7 @@ from rllib_amp.precision import Precision, add_float32_islands, resolve, to_floa
 from rllib_amp.scaler import PolicyScaler
 from rllib_amp.settings import AmpSettings, settings_from_config
 from rllib_amp.value_pass import value_pass
+from rllib_amp.warm_start import apply_warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +104,27 @@ class AmpLearnerMixin(_MixinBase):
                 self._amp_precision.describe(),
                 extra=event("precision", dtype=self._amp_precision.name),
             )
+            apply_warm_start({}, self._amp_settings.warm_start)  # says it is ignored
             return
         check_no_rllib_grad_scaler(self.config, where="rllib_amp learner")
         if self._amp_settings.tune_cpu_malloc and self._amp_precision.device_type == "cpu":
             tune_cpu_malloc()
         for module_id in self.module.keys():  # noqa: SIM118 - a MultiRLModule, not a dict
             self._amp_setup_module(module_id)
+        # Before any restore: a restored checkpoint's own scaler state wins over it.
+        apply_warm_start(self.amp_scalers, self._amp_settings.warm_start)
 
     def _amp_setup_module(self, module_id: str) -> None:
         precision, settings, scalers = self._amp_precision, self._amp_settings, self._amp_scaler_set
         assert precision is not None and settings is not None and scalers is not None
-        scalers.add(module_id, PolicyScaler(settings, self._device, scaling=precision.use_scaler))
+        # shared_scaler: every module, also one added later, uses the first module's scale.
+        shared = next(iter(scalers.scalers.values()), None) if settings.shared_scaler else None
+        scalers.add(
+            module_id,
+            PolicyScaler(
+                settings, self._device, scaling=precision.use_scaler, share_scale_with=shared
+            ),
+        )
         module = self.module[module_id]
         islands = add_float32_islands(module) if isinstance(module, torch.nn.Module) else 0
         fused = sum(fuse_adam(opt) for _, opt in self.get_optimizers_for_module(module_id))

@@ -7,15 +7,18 @@ RLlib's three public gradient methods, so each works on its own as RLlib documen
   RLlib's ``TorchLearner``, and every module's parameters get that total's gradient times
   their own module's scale. A loss keyed by a ModuleID is scaled by that module's scaler; a
   loss under any other key (``ALL_MODULES``, "__all_modules__", or a name of your own) is a
-  loss over all modules. With one module, or no scaling (bfloat16), that is one backward of
-  the sum, exactly RLlib's; with several float16 modules and such a shared loss, one backward
-  per module restricted to its parameters. Gradients come back scaled.
+  loss over all modules. With one module, one scale shared by all (``shared_scaler``), or no
+  scaling (bfloat16), that is one backward of the sum, exactly RLlib's; with several float16
+  modules with scales of their own and such a shared loss, one backward per module
+  restricted to its parameters. Gradients come back scaled.
 - ``postprocess_gradients``: scaled gradients are unscaled first (inf/nan recorded before
   any clipping can hide it); true-scale gradients are left as they are.
 - ``apply_gradients(grads)``: still-scaled gradients are unscaled; every module with a
-  gradient steps all its optimizers, or none when one gradient is inf/nan. Gradients that
-  never went through a scaled backward (given by the caller) are checked the same way and
-  leave the scale as it is. A skip is counted, and logged when it is not a float16 overflow.
+  gradient steps all its optimizers, or none when one gradient is inf/nan; each live scale
+  then updates once (a scale shared by several modules backs off if any of them
+  overflowed). Gradients that never went through a scaled backward (given by the caller)
+  are checked the same way and leave the scale as it is. A skip is counted, and logged
+  when it is not a float16 overflow.
 
 Example:
     >>> import torch
@@ -94,9 +97,10 @@ class ScalerSet:
         shared = [key for key in loss_per_module if key not in self.scalers]
         if not shared:
             return {mid: self.scalers[mid].scale(loss) for mid, loss in loss_per_module.items()}
-        if len(self.scalers) == 1:
-            (only,) = self.scalers.values()
-            return {key: only.scale(loss) for key, loss in loss_per_module.items()}
+        first = next(iter(self.scalers.values()))
+        if all(s.shares_scale_with(first) for s in self.scalers.values()):
+            # One module, or one shared scale: the same factor everywhere, one backward.
+            return {key: first.scale(loss) for key, loss in loss_per_module.items()}
         return None
 
     def backward_per_module(

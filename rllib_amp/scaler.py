@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -50,26 +50,67 @@ def grads_are_finite(optimizers: Iterable[torch.optim.Optimizer]) -> bool:
     return bool(torch.isfinite(total))
 
 
+class _Scale:
+    """One torch GradScaler (the live scale and growth tracker) and who waits to update it.
+
+    Shared by several PolicyScalers under ``AmpSettings.shared_scaler``: ``update()`` runs
+    once per step, when the last member that unscaled gradients has stepped (or discarded
+    its step), so one overflow anywhere backs the scale off once.
+    """
+
+    def __init__(self, grad_scaler: torch.amp.GradScaler) -> None:
+        self.grad_scaler = grad_scaler
+        self.pending: set[int] = set()  # id() of the members that unscaled since update()
+
+    def done(self, member: int) -> None:
+        self.pending.discard(member)
+        if not self.pending:
+            self.grad_scaler.update()
+
+
 class PolicyScaler:
     """Loss scaling and step skipping for one policy (RLModule).
 
     Call order per optimizer step: ``scale(loss)`` -> backward -> ``unscale_(optimizers)``
     with all of the module's optimizers -> (gradient clipping) -> ``step(optimizers)``,
     which steps every optimizer or none and calls the GradScaler's ``update()`` once.
+
+    ``share_scale_with``: use that scaler's live scale and growth tracker instead of a scale
+    of its own (``AmpSettings.shared_scaler``). Each module still steps or skips on its own
+    gradients and keeps its own counters; the scale updates once per step, after every
+    sharing module that unscaled has stepped, and backs off if any of them overflowed.
     """
 
-    def __init__(self, settings: AmpSettings, device: torch.device | str, *, scaling: bool):
+    def __init__(
+        self,
+        settings: AmpSettings,
+        device: torch.device | str,
+        *,
+        scaling: bool,
+        share_scale_with: PolicyScaler | None = None,
+    ):
         self.settings = settings
         self.scaling = scaling
         self._device_type = torch.device(device).type
-        self._scaler = torch.amp.GradScaler(
-            self._device_type,
-            init_scale=settings.init_scale,
-            growth_factor=settings.growth_factor,
-            backoff_factor=settings.backoff_factor,
-            growth_interval=settings.growth_interval,
-            enabled=scaling,
-        )
+        self._scale: _Scale
+        if share_scale_with is not None:
+            if share_scale_with.scaling != scaling:
+                raise ValueError(
+                    "PolicyScaler: share_scale_with must have the same scaling "
+                    f"({share_scale_with.scaling}), got scaling={scaling}"
+                )
+            self._scale = share_scale_with._scale
+        else:
+            self._scale = _Scale(
+                torch.amp.GradScaler(
+                    self._device_type,
+                    init_scale=settings.init_scale,
+                    growth_factor=settings.growth_factor,
+                    backoff_factor=settings.backoff_factor,
+                    growth_interval=settings.growth_interval,
+                    enabled=scaling,
+                )
+            )
         self.optimizer_steps_lifetime = 0
         self.skipped_steps_lifetime = 0
         # Skipped steps whose loss was already inf/nan before scaling: bad data, not overflow.
@@ -84,6 +125,14 @@ class PolicyScaler:
         self._found_inf: bool | None = None
         # ids of the optimizers torch's GradScaler unscaled since its last update().
         self._torch_unscaled: set[int] = set()
+
+    @property
+    def _scaler(self) -> torch.amp.GradScaler:
+        return self._scale.grad_scaler
+
+    def shares_scale_with(self, other: PolicyScaler) -> bool:
+        """True when both use one live scale (``AmpSettings.shared_scaler``, or the same)."""
+        return self._scale is other._scale
 
     # -- the update step -------------------------------------------------------------------
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -104,6 +153,8 @@ class PolicyScaler:
                 if _grads([opt]):
                     self._scaler.unscale_(opt)
                     self._torch_unscaled.add(id(opt))
+            if self._torch_unscaled:
+                self._scale.pending.add(id(self))
         # Checked over all of the module's optimizers so that they step together or not at
         # all (GradScaler alone decides per optimizer).
         self._found_inf = not grads_are_finite(optimizers)
@@ -132,10 +183,7 @@ class PolicyScaler:
                     self._scaler.step(opt)  # unscale_ recorded no inf: a plain step
                 else:
                     opt.step()
-        if self._torch_unscaled:
-            # Once per module per step; backs the scale off when unscale_ recorded an inf.
-            self._scaler.update()
-            self._torch_unscaled.clear()
+        self._release_scale()
         if not stepping:
             return False
         self.optimizer_steps_lifetime += 1
@@ -151,10 +199,14 @@ class PolicyScaler:
         torch's GradScaler allows one unscale per optimizer between two ``update()`` calls,
         so the abandoned step still updates the scale: an overflow it found backs off.
         """
-        if self._torch_unscaled:
-            self._scaler.update()
-            self._torch_unscaled.clear()
+        self._release_scale()
         self._found_inf = None
+
+    def _release_scale(self) -> None:
+        # Once per step per live scale; backs the scale off when an unscale_ recorded an inf.
+        if self._torch_unscaled:
+            self._torch_unscaled.clear()
+            self._scale.done(id(self))
 
     # -- reporting -------------------------------------------------------------------------
     def get_scale(self) -> float:
@@ -199,21 +251,90 @@ class PolicyScaler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from a saved state: same scale, growth tracker and counters.
 
-        The growth/backoff factors and growth interval stay those of this run's settings, so
-        a restored run can be retuned; the scale and growth tracker continue where they were.
-        A state saved without scaling (bfloat16) restores only the counters.
+        What wins on a restore (PBT's exploit restores a donor's checkpoint into a recipient
+        whose settings may be mutated; docs/update-step.md): the live scale, the growth
+        tracker and the counters come from ``state``; growth_factor, backoff_factor and
+        growth_interval stay this run's settings; this run's init_scale is not used (it only
+        seeds a fresh scaler). A state saved without scaling (bfloat16) restores only the
+        counters.
         """
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"scaler state: expected a dict with version {STATE_VERSION}, got "
-                f"{type(state).__name__}; was this checkpoint written by rllib-amp?"
-            )
+        self.load_counters(state)
+        seed = saved_scale(state)
+        if seed is not None:
+            self.seed(*seed)
+
+    def load_counters(self, state: dict[str, Any]) -> None:
+        """The counters of a saved state, nothing of its scale."""
+        _check_state(state)
         self.optimizer_steps_lifetime = int(state["optimizer_steps_lifetime"])
         self.skipped_steps_lifetime = int(state["skipped_steps_lifetime"])
         self.nonfinite_loss_steps_lifetime = int(state.get("nonfinite_loss_steps_lifetime", 0))
-        saved = state.get("torch") or {}
-        if self.scaling and saved:
-            merged = self._scaler.state_dict()
-            merged["scale"] = float(saved["scale"])
-            merged["_growth_tracker"] = int(saved["_growth_tracker"])
-            self._scaler.load_state_dict(merged)
+
+    def seed(self, scale: float, growth_tracker: int) -> None:
+        """Sets the live scale and growth tracker; this run's factors and interval stay.
+
+        The tracker is capped at ``growth_interval - 1``: torch grows the scale when the
+        tracker *equals* the interval, so a tracker saved under a longer interval would
+        otherwise never grow again; capped, the next clean step grows, as it would have.
+        A no-op without scaling (bfloat16).
+
+        Example:
+            >>> s = PolicyScaler(AmpSettings(growth_interval=10), "cpu", scaling=True)
+            >>> s.seed(512.0, 40)
+            >>> s.get_scale(), s.growth_tracker
+            (512.0, 9)
+        """
+        if not self.scaling:
+            return
+        merged = self._scaler.state_dict()
+        merged["scale"] = float(scale)
+        merged["_growth_tracker"] = min(max(int(growth_tracker), 0), merged["growth_interval"] - 1)
+        self._scaler.load_state_dict(merged)
+
+
+def _check_state(state: Any) -> None:
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"scaler state: expected a dict with version {STATE_VERSION}, got "
+            f"{type(state).__name__}; was this checkpoint written by rllib-amp?"
+        )
+
+
+def saved_scale(state: dict[str, Any]) -> tuple[float, int] | None:
+    """(scale, growth tracker) of a saved PolicyScaler state; None if it did not scale.
+
+    Example:
+        >>> s = PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)
+        >>> saved_scale(s.state_dict())
+        (8.0, 0)
+    """
+    _check_state(state)
+    saved = state.get("torch") or {}
+    if not state.get("scaling") or "scale" not in saved:
+        return None
+    return float(saved["scale"]), int(saved.get("_growth_tracker", 0))
+
+
+def seed_scalers(
+    scalers: Mapping[str, PolicyScaler], seeds: Mapping[str, tuple[float, int]]
+) -> None:
+    """Seeds each scaler in ``seeds`` with its (scale, growth tracker).
+
+    Modules that share one scale get the smallest of their seeds (with its tracker): the
+    one scale must suit the module with the largest gradients, or that module overflows.
+
+    Example:
+        >>> a = PolicyScaler(AmpSettings(), "cpu", scaling=True)
+        >>> b = PolicyScaler(AmpSettings(), "cpu", scaling=True, share_scale_with=a)
+        >>> seed_scalers({"a": a, "b": b}, {"a": (64.0, 3), "b": (4096.0, 0)})
+        >>> b.get_scale(), b.growth_tracker
+        (64.0, 3)
+    """
+    chosen: dict[int, tuple[PolicyScaler, tuple[float, int]]] = {}
+    for module_id, seed in seeds.items():
+        scaler = scalers[module_id]
+        key = id(scaler._scale)
+        if key not in chosen or seed[0] < chosen[key][1][0]:
+            chosen[key] = (scaler, seed)
+    for scaler, seed in chosen.values():
+        scaler.seed(*seed)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -43,6 +44,108 @@ MIN_INIT_SCALE = 2.0**-24
 # Where the settings live inside an RLlib AlgorithmConfig: learner_config_dict[AMP_CONFIG_KEY].
 AMP_CONFIG_KEY = "rllib_amp"
 
+WARM_START_KEYS: tuple[str, ...] = ("from", "modules")
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Where a run's loss scales start: another run's checkpoint (``AmpSettings.warm_start``).
+
+    Written ``{"from": CHECKPOINT, "modules": {new_id: old_id}}`` in YAML and ``with_amp``.
+    Seeds each module's scale and growth tracker (not weights, not optimizer state) from the
+    scaler of ``old_id`` in that checkpoint, when the learner builds its modules
+    (``rllib_amp.warm_start``). Without ``modules``, every module of the run is seeded from
+    the module of the same id.
+
+    Attributes:
+        path: The checkpoint: an Algorithm checkpoint folder or a learner folder; a local
+            path (made absolute, and checked to exist, when the settings are built) or a
+            URI (``s3://...``; checked when the learner builds).
+        modules: (new_id, old_id) pairs, sorted; None: same ids.
+
+    Example:
+        >>> w = WarmStart.parse({"from": "s3://b/run/checkpoint_000009", "modules": {"p1": "p0"}})
+        >>> w.module_map(["p1"]), w.to_dict()["from"]
+        ({'p1': 'p0'}, 's3://b/run/checkpoint_000009')
+    """
+
+    path: str
+    modules: tuple[tuple[str, str], ...] | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> WarmStart | None:
+        """A WarmStart from its mapping (None stays None); ValueError names the bad key."""
+        if value is None or isinstance(value, WarmStart):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"warm_start: got {_short(value)}; expected a mapping such as "
+                f"{{from: CHECKPOINT, modules: {{new_id: old_id}}}} (modules optional)"
+            )
+        for key in value:
+            if key not in WARM_START_KEYS:
+                raise ValueError(
+                    f"warm_start.{key}: unknown key{suggest(str(key), WARM_START_KEYS)}; "
+                    f"allowed keys: {', '.join(WARM_START_KEYS)}"
+                )
+        if "from" not in value:
+            raise ValueError(
+                "warm_start.from: missing; name the checkpoint whose scalers seed this run, "
+                "e.g. {from: /runs/stage1/checkpoint_000009}"
+            )
+        path = _checkpoint_path(value["from"])
+        return cls(path=path, modules=_module_pairs(value.get("modules")))
+
+    def module_map(self, module_ids: Iterable[str]) -> dict[str, str]:
+        """new_id -> old_id: the given pairs, or each of ``module_ids`` to itself."""
+        if self.modules is None:
+            return {mid: mid for mid in module_ids}
+        return dict(self.modules)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"from": self.path}
+        if self.modules is not None:
+            out["modules"] = dict(self.modules)
+        return out
+
+
+def _checkpoint_path(value: Any) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"warm_start.from: got {_short(value)}; expected the path or URI of a checkpoint "
+            f"folder, e.g. /runs/stage1/checkpoint_000009"
+        )
+    if "://" in value:
+        return value  # remote storage: read (and checked) where the learner runs
+    path = os.path.abspath(os.path.expanduser(value))  # Tune trials run in their own folder
+    if not os.path.exists(path):
+        raise ValueError(
+            f"warm_start.from: {value!r} does not exist; give an Algorithm checkpoint folder "
+            f"(e.g. .../checkpoint_000009) or a learner folder of a float16 rllib-amp run, or "
+            f"drop warm_start to start from init_scale"
+        )
+    return path
+
+
+def _module_pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(
+            f"warm_start.modules: got {_short(value)}; expected a non-empty mapping "
+            f"{{new_id: old_id}} (this run's ModuleID -> the checkpoint's), or omit it to seed "
+            f"every module from the module of the same id"
+        )
+    for new_id, old_id in value.items():
+        if not isinstance(new_id, str) or not isinstance(old_id, str) or not new_id or not old_id:
+            raise ValueError(
+                f"warm_start.modules: got {_short(new_id)}: {_short(old_id)}; both sides must "
+                f"be ModuleIDs (non-empty strings), e.g. {{p1: default_policy}}"
+            )
+    return tuple(sorted(value.items()))
+
 
 @dataclass(frozen=True)
 class AmpSettings:
@@ -66,6 +169,13 @@ class AmpSettings:
         tune_cpu_malloc: On a CPU learner with AMP on, let glibc keep freed blocks up to
             1 GiB for reuse instead of re-faulting them every update (process-wide; see
             ``rllib_amp.malloc``). False keeps glibc's defaults.
+        warm_start: Seed the scalers' scale and growth tracker from another run's
+            checkpoint instead of ``init_scale`` (see ``WarmStart``); None: fresh scalers.
+            Given as ``{"from": CHECKPOINT, "modules": {new_id: old_id}}``.
+        shared_scaler: One loss scale for all modules of the learner (one growth tracker,
+            one update per step, backing off when any module overflows) instead of one per
+            module. Each module still skips only its own inf/nan steps and keeps its own
+            counters. Modules added later share it too.
 
     Example:
         >>> AmpSettings(dtype="bfloat16").enabled
@@ -82,6 +192,8 @@ class AmpSettings:
     skip_warning_updates: int = 3
     inference_dtype: str = "auto"
     tune_cpu_malloc: bool = True
+    warm_start: WarmStart | None = None
+    shared_scaler: bool = False
 
     def __post_init__(self) -> None:
         # Normalise and validate even when constructed directly, so that the same spellings
@@ -128,7 +240,10 @@ class AmpSettings:
             raise ValueError(f"{where}.{e}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain values that ``from_dict`` reads back (``warm_start`` as its mapping)."""
+        out = {name: getattr(self, name) for name in self.field_names()}
+        out["warm_start"] = self.warm_start.to_dict() if self.warm_start is not None else None
+        return out
 
     def replace(self, **fields: Any) -> AmpSettings:
         """A copy with some fields changed, validated like ``from_dict``."""
@@ -153,7 +268,8 @@ def _normalise(s: AmpSettings) -> None:
         value = getattr(s, key)
         if isinstance(value, str):
             put(key, _DTYPE_ALIASES.get(value.lower(), value.lower()))
-    for key in ("enabled", "tune_cpu_malloc"):
+    put("warm_start", WarmStart.parse(s.warm_start))
+    for key in ("enabled", "tune_cpu_malloc", "shared_scaler"):
         value = getattr(s, key)
         if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
             put(key, bool(value))
@@ -223,8 +339,9 @@ def _validate(s: AmpSettings) -> None:
         raise ValueError(
             f"skip_warning_updates: got {_short(swu)}; must be an integer in [1, {INT32_MAX}]"
         )
-    if not isinstance(s.tune_cpu_malloc, bool):
-        raise ValueError(f"tune_cpu_malloc: got {_short(s.tune_cpu_malloc)}; allowed: true, false")
+    for key in ("tune_cpu_malloc", "shared_scaler"):
+        if not isinstance(getattr(s, key), bool):
+            raise ValueError(f"{key}: got {_short(getattr(s, key))}; allowed: true, false")
     gi = s.growth_interval
     if not isinstance(gi, int) or isinstance(gi, bool) or not 1 <= gi <= INT32_MAX:
         raise ValueError(
@@ -274,3 +391,65 @@ def store_in_config(
             )
         block[key] = sampler
     config.learners(learner_config_dict={AMP_CONFIG_KEY: block})
+
+
+# -- Population Based Training ---------------------------------------------------------------
+# Settings that a PBT exploit cannot carry over, and why; every other AMP setting may mutate.
+_NOT_MUTABLE_UNDER_PBT = {
+    "init_scale": (
+        "init_scale only seeds a fresh scaler: after an exploit the recipient continues at the "
+        "donor's live scale, so a trial's init_scale would no longer describe it. Set "
+        "amp.init_scale once (or seed the scale with amp.warm_start) and let PBT mutate "
+        "amp.growth_interval, amp.growth_factor or amp.backoff_factor; to compare init_scale "
+        "values, sweep them without PBT"
+    ),
+    "warm_start": (
+        "warm_start seeds the scalers only when a trial starts: after an exploit the scales "
+        "come from the donor's checkpoint. Set amp.warm_start once, outside search and "
+        "hyperparam_mutations"
+    ),
+}
+
+
+def _dotted_keys(d: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.extend(_dotted_keys(value, f"{name}."))
+        else:
+            out.append(name)
+    return out
+
+
+def check_pbt_mutations(mutations: Mapping[str, Any], *, searched: Iterable[str] = ()) -> None:
+    """Refuses AMP settings that Population Based Training cannot change mid-run.
+
+    ``mutations`` is PBT's ``hyperparam_mutations`` (flat dotted keys such as
+    ``amp.init_scale``, or nested mappings); ``searched`` the keys of the initial search.
+    An AMP key is a field name, alone or under ``amp.`` / ``learner_config_dict.rllib_amp.``.
+    Raises ValueError naming the key, why, and the fix. growth_interval, growth_factor and
+    backoff_factor may mutate: a recipient keeps its own and continues the donor's scale.
+
+    Example:
+        >>> check_pbt_mutations({"amp.growth_interval": [100, 2000], "training.lr": [1e-4]})
+        >>> check_pbt_mutations({"amp": {"init_scale": [1024.0]}})
+        Traceback (most recent call last):
+        ...
+        ValueError: hyperparam_mutations.amp.init_scale: cannot change under PBT: ...
+    """
+    keyed = [("hyperparam_mutations", k) for k in _dotted_keys(mutations)]
+    keyed += [("search", str(k)) for k in searched]
+    for where, key in keyed:
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            owner = ".".join(parts[:i])
+            if part in _NOT_MUTABLE_UNDER_PBT and owner in (
+                "",
+                "amp",
+                AMP_CONFIG_KEY,
+                f"learner_config_dict.{AMP_CONFIG_KEY}",
+            ):
+                raise ValueError(
+                    f"{where}.{key}: cannot change under PBT: {_NOT_MUTABLE_UNDER_PBT[part]}"
+                )

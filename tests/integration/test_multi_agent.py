@@ -88,3 +88,56 @@ def test_added_module_gets_fresh_scaler_and_removed_module_drops_it():
         assert set(lrn.get_state()["amp_scalers"]) == {"p0", "p1"}
     finally:
         a.stop()
+
+
+def test_shared_scaler_one_scale_for_all_modules_each_skipping_only_its_own_steps(tmp_path):
+    """shared_scaler: p1 overflows every step; the one scale backs off once per step, p0 learns."""
+    cfg = with_amp(
+        _two_policy_config(OverflowP1Learner),
+        dtype="float16",
+        init_scale=1024.0,
+        shared_scaler=True,
+    )
+    a = cfg.build_algo()
+    try:
+        lrn = learner(a)
+        p0, p1 = lrn.amp_scalers["p0"], lrn.amp_scalers["p1"]
+        assert p0 is not p1 and p0.shares_scale_with(p1)
+        before = {mid: weights(a, mid) for mid in ("p0", "p1")}
+        result = train_until_learned(a)
+        steps = p1.optimizer_steps_lifetime
+        assert steps > 0 and p1.skipped_steps_lifetime == steps
+        # One backoff per learner step (not one per module), seen by both modules.
+        assert p0.get_scale() == p1.get_scale() == 1024.0 * 0.5**steps
+        # p0's gradients were finite: it stepped every time, at the shared scale.
+        assert (p0.optimizer_steps_lifetime, p0.skipped_steps_lifetime) == (steps, 0)
+        assert not same(weights(a, "p0"), before["p0"])
+        assert same(weights(a, "p1"), before["p1"])
+        assert result["learners"]["p0"]["amp_grad_scale"] == p0.get_scale()
+        assert result["learners"]["p0"]["amp_skip_fraction"] == 0.0
+        assert result["learners"]["p1"]["amp_skip_fraction"] == 1.0
+
+        # A module added later joins the shared scale.
+        spec = RLModuleSpec.from_module(lrn.module["p0"].unwrapped())
+        lrn.add_module(module_id="p2", module_spec=spec)
+        assert lrn.amp_scalers["p2"].shares_scale_with(p0)
+        assert lrn.amp_scalers["p2"].get_scale() == p0.get_scale()
+
+        # Checkpoints keep one entry per module (the same scale in each) and restore shared.
+        lrn.remove_module("p2")
+        a.save_to_path(str(tmp_path))
+        saved = lrn.get_state()["amp_scalers"]
+        assert {mid: s["torch"]["scale"] for mid, s in saved.items()} == {
+            "p0": p0.get_scale(),
+            "p1": p0.get_scale(),
+        }
+    finally:
+        a.stop()
+    b = cfg.build_algo()
+    try:
+        b.restore_from_path(str(tmp_path))
+        q0, q1 = learner(b).amp_scalers["p0"], learner(b).amp_scalers["p1"]
+        assert q0.shares_scale_with(q1) and q0.get_scale() == 1024.0 * 0.5**steps
+        assert (q0.skipped_steps_lifetime, q1.skipped_steps_lifetime) == (0, steps)
+    finally:
+        b.stop()

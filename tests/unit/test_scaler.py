@@ -168,3 +168,122 @@ def test_discarded_unscale_still_updates_the_scale_once():
     scaler.discard_pending()
     assert scaler.get_scale() == 32.0 and scaler.optimizer_steps_lifetime == 0
     assert _step(scaler, net, opt, _finite_loss) is False  # the next step works normally
+
+
+# -- restores under PBT: what comes from the checkpoint, what from this run's settings --------
+def test_restore_keeps_live_scale_and_this_runs_factors_not_init_scale():
+    """A donor's state into a recipient with other settings (a PBT exploit)."""
+    donor = PolicyScaler(AmpSettings(init_scale=2.0**16, growth_interval=2000), "cpu", scaling=True)
+    net, opt = _setup()
+    for _ in range(3):
+        _step(donor, net, opt, _inf_loss)
+    _step(donor, net, opt, _finite_loss)
+    assert (donor.get_scale(), donor.growth_tracker) == (2.0**13, 1)
+
+    mutated = AmpSettings(init_scale=8.0, growth_interval=2, backoff_factor=0.25)
+    recipient = PolicyScaler(mutated, "cpu", scaling=True)
+    recipient.load_state_dict(copy.deepcopy(donor.state_dict()))
+    assert recipient.get_scale() == 2.0**13  # the donor's live scale, not init_scale 8
+    assert recipient.growth_tracker == 1
+    assert (recipient.optimizer_steps_lifetime, recipient.skipped_steps_lifetime) == (4, 3)
+    torch_state = recipient.state_dict()["torch"]
+    assert (torch_state["growth_interval"], torch_state["backoff_factor"]) == (2, 0.25)
+    # ...and the recipient's own interval and backoff are what act from here on.
+    net2, opt2 = _setup()
+    _step(recipient, net2, opt2, _finite_loss)
+    assert recipient.get_scale() == 2.0**14  # tracker 1 + 1 clean step = interval 2
+    _step(recipient, net2, opt2, _inf_loss)
+    assert recipient.get_scale() == 2.0**12  # backoff 0.25
+
+
+def test_restored_tracker_beyond_a_shorter_interval_still_grows():
+    """torch grows when the tracker *equals* the interval: a larger one is capped."""
+    donor = PolicyScaler(AmpSettings(init_scale=64.0, growth_interval=100), "cpu", scaling=True)
+    net, opt = _setup()
+    for _ in range(7):
+        _step(donor, net, opt, _finite_loss)
+    assert donor.growth_tracker == 7
+    recipient = PolicyScaler(AmpSettings(init_scale=64.0, growth_interval=5), "cpu", scaling=True)
+    recipient.load_state_dict(donor.state_dict())
+    assert recipient.growth_tracker == 4
+    _step(recipient, net, opt, _finite_loss)
+    assert recipient.get_scale() == 128.0
+
+
+def _two_sharing(**settings):
+    s = AmpSettings(**settings)
+    a = PolicyScaler(s, "cpu", scaling=True)
+    return a, PolicyScaler(s, "cpu", scaling=True, share_scale_with=a)
+
+
+def _unscale_then_step(pairs):
+    """One learner step: every module unscales, then every module steps (ScalerSet's order)."""
+    for scaler, net, opt, loss_fn in pairs:
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss_fn(net)).backward()
+        scaler.unscale_([opt])
+    return [scaler.step([opt]) for scaler, _, opt, _ in pairs]
+
+
+def test_shared_scale_backs_off_once_and_each_module_skips_only_its_own_step():
+    a, b = _two_sharing(init_scale=1024.0, growth_interval=2)
+    (na, oa), (nb, ob) = _setup(0), _setup(1)
+    wa = na.weight.detach().clone()
+    wb = nb.weight.detach().clone()
+    skipped = _unscale_then_step([(a, na, oa, _finite_loss), (b, nb, ob, _inf_loss)])
+    assert skipped == [False, True]
+    assert not torch.equal(na.weight, wa) and torch.equal(nb.weight, wb)
+    assert a.get_scale() == b.get_scale() == 512.0  # one backoff, not one per module
+    assert (a.skipped_steps_lifetime, b.skipped_steps_lifetime) == (0, 1)
+    assert a.shares_scale_with(b)
+
+    # Growth needs growth_interval steps in which no sharing module overflowed.
+    for _ in range(2):
+        assert _unscale_then_step([(a, na, oa, _finite_loss), (b, nb, ob, _finite_loss)]) == [
+            False,
+            False,
+        ]
+    assert a.get_scale() == b.get_scale() == 1024.0
+    assert a.growth_tracker == b.growth_tracker == 0
+
+
+def test_separate_scalers_do_not_share():
+    s = AmpSettings(init_scale=1024.0)
+    a, b = PolicyScaler(s, "cpu", scaling=True), PolicyScaler(s, "cpu", scaling=True)
+    (na, oa), (nb, ob) = _setup(0), _setup(1)
+    _unscale_then_step([(a, na, oa, _finite_loss), (b, nb, ob, _inf_loss)])
+    assert (a.get_scale(), b.get_scale()) == (1024.0, 512.0)
+    assert not a.shares_scale_with(b)
+
+
+def test_sharing_needs_the_same_scaling():
+    a = PolicyScaler(AmpSettings(), "cpu", scaling=True)
+    with pytest.raises(ValueError, match="same scaling"):
+        PolicyScaler(AmpSettings(), "cpu", scaling=False, share_scale_with=a)
+
+
+def test_seed_scalers_gives_a_shared_scale_the_smallest_seed():
+    from rllib_amp.scaler import seed_scalers
+
+    a, b = _two_sharing(growth_interval=10)
+    c = PolicyScaler(AmpSettings(growth_interval=10), "cpu", scaling=True)
+    seed_scalers({"a": a, "b": b, "c": c}, {"a": (4096.0, 2), "b": (64.0, 7), "c": (8.0, 1)})
+    assert (a.get_scale(), a.growth_tracker) == (b.get_scale(), b.growth_tracker) == (64.0, 7)
+    assert (c.get_scale(), c.growth_tracker) == (8.0, 1)
+
+
+def test_restore_into_a_shared_scale_continues_at_the_smallest_saved_scale():
+    """A checkpoint with a scaler per module, restored into a run with shared_scaler."""
+    from rllib_amp.checkpoint_state import AMP_STATE_KEY, restore_scaler_state
+
+    saved = {}
+    for mid, scale in (("p0", 2.0**14), ("p1", 2.0**6)):
+        s = PolicyScaler(AmpSettings(), "cpu", scaling=True)
+        s.seed(scale, 3)
+        s.skipped_steps_lifetime = 1 if mid == "p0" else 9
+        s.optimizer_steps_lifetime = 20
+        saved[mid] = s.state_dict()
+    a, b = _two_sharing(growth_interval=50)
+    restore_scaler_state({"p0": a, "p1": b}, {AMP_STATE_KEY: saved}, amp_enabled=True, full=True)
+    assert a.get_scale() == b.get_scale() == 2.0**6 and a.growth_tracker == 3
+    assert (a.skipped_steps_lifetime, b.skipped_steps_lifetime) == (1, 9)  # each its own

@@ -127,3 +127,111 @@ def test_numpy_scalars_and_dtype_spellings_are_accepted_as_in_yaml():
     assert type(s.init_scale) is float and type(s.growth_interval) is int
     assert type(s.enabled) is bool and type(s.tune_cpu_malloc) is bool
     assert AmpSettings(dtype="half").dtype == AmpSettings(dtype="fp16").dtype == "float16"
+
+
+# -- warm_start and shared_scaler ---------------------------------------------------------------
+def test_new_fields_default_off():
+    s = AmpSettings()
+    assert (s.warm_start, s.shared_scaler) == (None, False)
+
+
+def test_warm_start_is_parsed_made_absolute_and_round_trips(tmp_path, monkeypatch):
+    from rllib_amp.settings import WarmStart
+
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    s = AmpSettings.from_dict({"warm_start": {"from": "ckpt", "modules": {"p1": "p0"}}})
+    assert s.warm_start == WarmStart(path=str(tmp_path / "ckpt"), modules=(("p1", "p0"),))
+    assert s.warm_start.module_map(["p1", "p2"]) == {"p1": "p0"}
+    assert s.to_dict()["warm_start"] == {"from": str(tmp_path / "ckpt"), "modules": {"p1": "p0"}}
+    assert AmpSettings.from_dict(s.to_dict()) == s
+    assert hash(s) == hash(AmpSettings.from_dict(s.to_dict()))
+    same_ids = AmpSettings(warm_start={"from": tmp_path / "ckpt"}).warm_start
+    assert same_ids.module_map(["a", "b"]) == {"a": "a", "b": "b"}
+    # A URI is read where the learner runs: not checked here.
+    uri = AmpSettings(warm_start={"from": "s3://bucket/run/checkpoint_000001"})
+    assert uri.warm_start.path == "s3://bucket/run/checkpoint_000001"
+
+
+@pytest.mark.parametrize(
+    "warm_start, key, fragment",
+    [
+        ({"from": "/no/such/checkpoint"}, "amp.warm_start.from", "does not exist"),
+        ({"from": ""}, "amp.warm_start.from", "path or URI"),
+        ({"modules": {"p1": "p0"}}, "amp.warm_start.from", "missing"),
+        ({"from": "/", "module": {"p1": "p0"}}, "amp.warm_start.module", "did you mean 'modules'"),
+        ({"from": "/", "modules": {}}, "amp.warm_start.modules", "non-empty mapping"),
+        ({"from": "/", "modules": ["p0"]}, "amp.warm_start.modules", "new_id: old_id"),
+        ({"from": "/", "modules": {"p1": 3}}, "amp.warm_start.modules", "ModuleIDs"),
+        ("/some/checkpoint", "amp.warm_start", "expected a mapping"),
+    ],
+)
+def test_bad_warm_start_names_the_key_and_the_fix(warm_start, key, fragment):
+    with pytest.raises(ValueError) as e:
+        AmpSettings.from_dict({"warm_start": warm_start})
+    msg = str(e.value)
+    assert msg.startswith(f"{key}:"), msg
+    assert fragment in msg, msg
+
+
+def test_shared_scaler_must_be_a_bool():
+    assert AmpSettings.from_dict({"shared_scaler": True}).shared_scaler is True
+    with pytest.raises(ValueError, match=r"^amp\.shared_scaler: got 'yes'; allowed: true, false"):
+        AmpSettings.from_dict({"shared_scaler": "yes"})
+
+
+def test_with_amp_takes_warm_start_and_the_learner_reads_it_back(tmp_path):
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from rllib_amp import with_amp
+    from rllib_amp.settings import settings_from_config
+
+    cfg = with_amp(PPOConfig(), warm_start={"from": str(tmp_path)}, shared_scaler=True)
+    s = settings_from_config(cfg)
+    assert s.warm_start.path == str(tmp_path) and s.shared_scaler is True
+
+
+# -- PBT ----------------------------------------------------------------------------------------
+def test_pbt_may_mutate_the_scaler_factors_and_interval():
+    from rllib_amp.settings import check_pbt_mutations
+
+    check_pbt_mutations(
+        {
+            "amp.growth_interval": [100, 2000],
+            "amp": {"growth_factor": [2.0, 4.0], "backoff_factor": [0.5]},
+            "training.lr": [1e-4, 3e-4],
+        },
+        searched=["amp.growth_interval", "training.train_batch_size_per_learner"],
+    )
+
+
+@pytest.mark.parametrize(
+    "mutations, searched, where",
+    [
+        ({"amp.init_scale": [1024.0, 65536.0]}, (), "hyperparam_mutations.amp.init_scale"),
+        ({"amp": {"init_scale": [1024.0]}}, (), "hyperparam_mutations.amp.init_scale"),
+        (
+            {"learner_config_dict": {"rllib_amp": {"init_scale": [2.0]}}},
+            (),
+            "hyperparam_mutations.learner_config_dict.rllib_amp.init_scale",
+        ),
+        ({"init_scale": [2.0]}, (), "hyperparam_mutations.init_scale"),
+        ({}, ["amp.init_scale"], "search.amp.init_scale"),
+        ({"amp.warm_start": [{"from": "/a"}]}, (), "hyperparam_mutations.amp.warm_start"),
+    ],
+)
+def test_pbt_refuses_init_scale_and_warm_start_naming_key_and_fix(mutations, searched, where):
+    from rllib_amp.settings import check_pbt_mutations
+
+    with pytest.raises(ValueError) as e:
+        check_pbt_mutations(mutations, searched=searched)
+    msg = str(e.value)
+    assert msg.startswith(f"{where}: cannot change under PBT"), msg
+    fix = "growth_interval" if "init_scale" in where else "outside search and hyperparam_mutations"
+    assert fix in msg, msg
+
+
+def test_pbt_check_ignores_keys_of_other_sections_that_share_a_name():
+    from rllib_amp.settings import check_pbt_mutations
+
+    check_pbt_mutations({"env_config.init_scale": [1, 2], "model": {"warm_start": [True]}})

@@ -1,0 +1,270 @@
+"""Warm starts: a run's loss scales start from another run's checkpoint, not from init_scale.
+
+``AmpSettings.warm_start = {"from": CHECKPOINT, "modules": {new_id: old_id}}`` (YAML
+``amp.warm_start``, ``with_amp(cfg, warm_start=...)``). When the learner builds its modules,
+each module's scale and growth tracker are set from the scaler state of ``old_id`` saved in
+that checkpoint; weights and optimizer state are untouched (load those with RLlib if wanted).
+Typical uses: the next stage of a curriculum, a new task's module, a rerun that should not
+spend its first updates backing off from 65536.
+
+Only the learner's state file is read (``learner_group/learner/state.pkl`` of an Algorithm
+checkpoint, or ``state.pkl`` of a learner folder; ``.msgpack`` too), on the learner's
+machine; local paths and URIs (``s3://``, ``gs://``, ``file://``) through pyarrow. Like a
+path in RLlib's ``RLModuleSpec.load_state_path``, the checkpoint must stay readable while
+the run may be rebuilt (restores, PBT, fault tolerance); after a restore, the restored
+checkpoint's own scaler state wins over the warm start.
+
+Example:
+    >>> from rllib_amp import with_amp
+    >>> from ray.rllib.algorithms.ppo import PPOConfig
+    >>> cfg = with_amp(PPOConfig(), dtype="float16",  # doctest: +SKIP
+    ...                warm_start={"from": "/runs/stage1/checkpoint_000009"})
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rllib_amp.checkpoint_state import AMP_STATE_KEY
+from rllib_amp.log_events import event
+from rllib_amp.scaler import PolicyScaler, saved_scale, seed_scalers
+from rllib_amp.settings import AmpSettings, WarmStart
+
+logger = logging.getLogger(__name__)
+
+WHERE = "amp.warm_start"
+# Where a learner's own state file sits, relative to the folder given, first match wins:
+# an Algorithm checkpoint, a LearnerGroup folder, a learner folder.
+LEARNER_FOLDERS: tuple[str, ...] = ("learner_group/learner", "learner", "")
+STATE_FILES: tuple[str, ...] = ("state.pkl", "state.msgpack")
+
+
+def _filesystem(path: str) -> tuple[Any, str]:
+    import pyarrow.fs
+
+    if "://" in path:
+        return pyarrow.fs.FileSystem.from_uri(path)
+    return pyarrow.fs.LocalFileSystem(), os.path.abspath(path)
+
+
+def learner_state_file(path: str) -> str | None:
+    """The learner state file inside a checkpoint folder (or ``path`` if it is one); None.
+
+    Example:
+        >>> learner_state_file("/no/such/checkpoint") is None
+        True
+    """
+    import pyarrow.fs
+
+    fs, base = _filesystem(path)
+    info = fs.get_file_info(base)
+    if info.type == pyarrow.fs.FileType.File:
+        return path
+    if info.type != pyarrow.fs.FileType.Directory:
+        return None
+    for folder in LEARNER_FOLDERS:
+        for name in STATE_FILES:
+            rel = f"{folder}/{name}" if folder else name
+            if fs.get_file_info(f"{base.rstrip('/')}/{rel}").type == pyarrow.fs.FileType.File:
+                return f"{path.rstrip('/')}/{rel}"
+    return None
+
+
+def _checkpoints_inside(path: str) -> list[str]:
+    """Names of checkpoint_* folders directly under ``path`` (a Tune trial folder)."""
+    import pyarrow.fs
+
+    fs, base = _filesystem(path)
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(base))
+    except OSError:
+        return []
+    return sorted(
+        i.base_name
+        for i in infos
+        if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith("checkpoint_")
+    )
+
+
+def _load(file: str) -> Any:
+    fs, base = _filesystem(file)
+    with fs.open_input_stream(base) as f:
+        data = f.read()
+    if file.endswith(".msgpack"):
+        import msgpack
+
+        # Plain msgpack: numpy arrays (msgpack_numpy's ext types) come back as ExtType,
+        # which is fine, since only the scalers' plain numbers are read.
+        return msgpack.unpackb(data, strict_map_key=False)
+    return pickle.loads(data)  # noqa: S301 - the user's own checkpoint (see README)
+
+
+def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
+    """ModuleID -> saved PolicyScaler state of the checkpoint at ``path``.
+
+    Raises ValueError naming ``amp.warm_start.from`` and the fix when the path does not
+    exist, holds no learner state file, cannot be read, or holds no AMP scaler state.
+
+    Example:
+        >>> read_scaler_states("/no/such/checkpoint")
+        Traceback (most recent call last):
+        ...
+        ValueError: amp.warm_start.from: '/no/such/checkpoint' does not exist; ...
+    """
+    where = f"{WHERE}.from"
+    fs, base = _filesystem(path)
+    import pyarrow.fs
+
+    if fs.get_file_info(base).type == pyarrow.fs.FileType.NotFound:
+        raise ValueError(
+            f"{where}: {path!r} does not exist; give an Algorithm checkpoint folder (e.g. "
+            f".../checkpoint_000009) or a learner folder of a float16 rllib-amp run, or drop "
+            f"warm_start to start from init_scale"
+        )
+    file = learner_state_file(path)
+    if file is None:
+        inside = _checkpoints_inside(path)
+        hint = f" (this folder holds {', '.join(inside)}: pick one)" if inside else ""
+        raise ValueError(
+            f"{where}: {path!r} holds no learner state file ({' or '.join(STATE_FILES)} in "
+            f"learner_group/learner/, learner/ or the folder itself){hint}; give an Algorithm "
+            f"checkpoint folder (checkpoint_NNNNNN) or its learner_group/learner folder"
+        )
+    try:
+        state = _load(file)
+    except Exception as e:  # any parse failure: a damaged or foreign file
+        raise ValueError(
+            f"{where}: {file}: cannot read the learner state ({type(e).__name__}: {e}); "
+            f"warm-start from another checkpoint"
+        ) from None
+    saved = state.get(AMP_STATE_KEY) if isinstance(state, Mapping) else None
+    if not saved:
+        raise ValueError(
+            f"{where}: {path!r} holds no AMP scaler state (saved by stock RLlib, or with AMP "
+            f"off); warm-start from a checkpoint of a float16 rllib-amp run, or drop warm_start "
+            f"to start from init_scale"
+        )
+    return dict(saved)
+
+
+def _with_scale(saved: Mapping[str, dict[str, Any]]) -> dict[str, tuple[float, int]]:
+    out = {}
+    for module_id, state in saved.items():
+        try:
+            seed = saved_scale(state)
+        except ValueError:
+            seed = None
+        if seed is not None:
+            out[str(module_id)] = seed
+    return out
+
+
+def warm_start_seeds(
+    warm: WarmStart, module_ids: Iterable[str] | None = None
+) -> dict[str, tuple[float, int]]:
+    """new ModuleID -> (scale, growth tracker) to seed it with, read from the checkpoint.
+
+    ``module_ids``: this run's modules (None: unknown yet, e.g. before a sweep starts; then
+    only the checkpoint side of the map is checked). Raises ValueError naming the key and
+    the fix when the checkpoint holds no loss scale, or the map names a module missing from
+    the checkpoint or from this run.
+
+    Example:
+        >>> from rllib_amp.settings import WarmStart
+        >>> warm_start_seeds(WarmStart(path="/no/such/checkpoint"))
+        Traceback (most recent call last):
+        ...
+        ValueError: amp.warm_start.from: '/no/such/checkpoint' does not exist; ...
+    """
+    saved = read_scaler_states(warm.path)
+    scales = _with_scale(saved)
+    if not scales:
+        raise ValueError(
+            f"{WHERE}.from: {warm.path!r} holds no loss scale: its modules "
+            f"({', '.join(sorted(map(str, saved)))}) trained without loss scaling (bfloat16); "
+            f"warm-start from a float16 run's checkpoint, or drop warm_start"
+        )
+    known = ", ".join(sorted(scales))
+    ids = None if module_ids is None else list(module_ids)
+    if warm.modules is None:
+        if ids is None:
+            return dict(scales)
+        for mid in ids:
+            if mid not in scales:
+                raise ValueError(
+                    f"{WHERE}: this run's module {mid!r} has no loss scale in {warm.path!r} "
+                    f"(modules there with one: {known}); add {WHERE}.modules: "
+                    f"{{{mid}: OLD_ID}} to say which module seeds it"
+                )
+        return {mid: scales[mid] for mid in ids}
+    seeds = {}
+    for new_id, old_id in warm.modules:
+        if old_id not in scales:
+            why = "trained without loss scaling" if old_id in saved else "is not in it"
+            raise ValueError(
+                f"{WHERE}.modules.{new_id}: {old_id!r} {why} (checkpoint {warm.path!r}; "
+                f"modules there with a loss scale: {known}); map {new_id!r} to one of those"
+            )
+        if ids is not None and new_id not in ids:
+            raise ValueError(
+                f"{WHERE}.modules: {new_id!r} is not a module of this run (modules: "
+                f"{', '.join(sorted(ids))}); the keys are this run's ModuleIDs, the values "
+                f"the checkpoint's"
+            )
+        seeds[new_id] = scales[old_id]
+    return seeds
+
+
+def check_warm_start(settings: AmpSettings, module_ids: Iterable[str] | None = None) -> None:
+    """Reads ``settings.warm_start``'s checkpoint now: ValueError as the learner would raise.
+
+    For command lines that must refuse bad input before anything starts. No-op without a
+    warm start.
+
+    Example:
+        >>> check_warm_start(AmpSettings())  # no warm start: nothing to check
+    """
+    if settings.warm_start is not None:
+        warm_start_seeds(settings.warm_start, module_ids)
+
+
+def apply_warm_start(scalers: Mapping[str, PolicyScaler], warm: WarmStart | None) -> None:
+    """Seeds the scalers of a learner that just built its modules (one INFO line each).
+
+    Modules that share one scale get the smallest of their seeds. Without loss scaling
+    (float32, bfloat16) there is no scale to seed: one WARNING, nothing read.
+    """
+    if warm is None:
+        return
+    if not any(s.scaling for s in scalers.values()):
+        logger.warning(
+            "rllib_amp: amp.warm_start is ignored: this run trains without loss scaling "
+            "(float32 or bfloat16), so there is no scale to seed",
+            extra=event("warm_start_ignored", path=warm.path),
+        )
+        return
+    seeds = warm_start_seeds(warm, scalers)
+    seed_scalers(scalers, seeds)
+    sources = warm.module_map(scalers)
+    for module_id in seeds:
+        scaler = scalers[module_id]
+        logger.info(
+            "rllib_amp: module %r starts at scale %g (growth tracker %d) from module %r of %s",
+            module_id,
+            scaler.get_scale(),
+            scaler.growth_tracker,
+            sources[module_id],
+            warm.path,
+            extra=event(
+                "warm_start",
+                module_id=module_id,
+                from_module=sources[module_id],
+                scale=scaler.get_scale(),
+                growth_tracker=scaler.growth_tracker,
+                path=warm.path,
+            ),
+        )
