@@ -120,9 +120,14 @@ def test_every_env_config_a_search_produces_is_constructed():
 
 
 def test_an_atari_env_config_is_checked_with_the_env_the_config_builds():
-    msg = refused(exp(env="ALE/Pong-v5", model="mini", env_config={"obs_type": "smell"}))
+    # RLlib's wrappers path: the env itself refuses the option when pre-flight builds it.
+    wrappers = {"preprocessing": "wrappers", "obs_type": "smell"}
+    msg = refused(exp(env="ALE/Pong-v5", model="mini", env_config=wrappers))
     assert "<t>: env_config: constructing ALE/Pong-v5 with env_config failed" in msg
     assert "Invalid observation type: smell" in msg
+    # ALE's native vector env (the default) has no such option: named, with the fix.
+    msg = refused(exp(env="ALE/Pong-v5", model="mini", env_config={"obs_type": "smell"}))
+    assert "<t>: env_config.obs_type:" in msg and "native" in msg
 
 
 @pytest.mark.parametrize(
