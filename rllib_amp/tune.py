@@ -179,8 +179,10 @@ def _progress_reporter(exp: Any) -> Any:
 def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore: bool) -> Any:
     from ray import tune
 
+    from rllib_amp import schedulers
+
     trainable = exp.algorithm_config().algo_class
-    param_space = exp.tune_param_space()
+    param_space = schedulers.param_space(exp)
     if exp.tune["metric"] in EPISODE_METRICS:
         param_space.callbacks(
             on_train_result=partial(_no_episode_yet_as_nan, metric=exp.tune["metric"])
@@ -194,9 +196,7 @@ def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore:
             param_space=param_space,
         )
     t = exp.tune
-    scheduler = None
-    if t["scheduler"] == "asha":
-        scheduler = tune.schedulers.ASHAScheduler(grace_period=2)
+    scheduler = schedulers.scheduler(exp, config_path)
     ck = exp.checkpoint
     run_config = tune.RunConfig(
         name=name,
