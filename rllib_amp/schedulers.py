@@ -87,9 +87,8 @@ def scheduler(exp: Experiment, config_path: ConfigPath) -> Any:
     pbt = t["pbt"]
     bounds = builder.mutation_bounds(exp.data)
     return tune.schedulers.PopulationBasedTraining(
+        # metric and mode come from the TuneConfig (Tune refuses them twice).
         time_attr="training_iteration",
-        metric=t["metric"],
-        mode=t["mode"],
         perturbation_interval=pbt["perturbation_interval"],
         burn_in_period=pbt["burn_in_period"],
         quantile_fraction=pbt["quantile_fraction"],

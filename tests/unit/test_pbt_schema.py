@@ -42,6 +42,7 @@ def test_pbt_section_is_normalised_and_maps_to_trial_config_paths():
     }
     sched = schedulers.scheduler(exp, config_path)
     assert sched._time_attr == "training_iteration"
+    assert sched.set_search_properties(exp.tune["metric"], exp.tune["mode"])  # as Tune does
     assert (sched._metric, sched._mode) == ("env_runners/episode_return_mean", "max")
     m = sched._hyperparam_mutations
     assert m["_train_batch_size_per_learner"] == [250, 500, 1000]
