@@ -32,20 +32,17 @@ def read_scalars(path: str) -> dict[str, list[float]]:
     return out
 
 
+def run_tiny(tmp_path, capsys, name: str, *flags: str) -> None:
+    """One tiny trial through the CLI, into tmp_path/name."""
+    config = tiny_file(tmp_path, scales=(1024.0,))
+    rc = cli.main(["--config", config, "--storage-path", str(tmp_path), "--name", name, *flags])
+    assert rc == 0, capsys.readouterr().out[-3000:]
+
+
 @pytest.mark.usefixtures("ray_local")
 def test_tensorboard_event_files_hold_the_amp_scalars(tmp_path, capsys):
     pytest.importorskip("tensorboardX", reason="Tune writes TensorBoard files with tensorboardX")
-    rc = cli.main(
-        [
-            "--config",
-            tiny_file(tmp_path, scales=(1024.0,)),
-            "--storage-path",
-            str(tmp_path),
-            "--name",
-            "tb",
-        ]
-    )
-    assert rc == 0, capsys.readouterr().out[-3000:]
+    run_tiny(tmp_path, capsys, "tb")
     files = glob.glob(str(tmp_path / "tb" / "*" / "events.out.tfevents.*"))
     assert files
     scalars: dict[str, list[float]] = {}
@@ -71,17 +68,5 @@ def test_wandb_flag_without_wandb_exits_2_naming_the_install(tmp_path, capsys):
 def test_wandb_logs_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    rc = cli.main(
-        [
-            "--config",
-            tiny_file(tmp_path, scales=(1024.0,)),
-            "--storage-path",
-            str(tmp_path),
-            "--name",
-            "wb",
-            "--wandb-project",
-            "rllib-amp-test",
-        ]
-    )
-    assert rc == 0, capsys.readouterr().out[-3000:]
+    run_tiny(tmp_path, capsys, "wb", "--wandb-project", "rllib-amp-test")
     assert glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)
