@@ -1,7 +1,7 @@
 """PBT end to end: after an exploit the recipient continues at the donor's loss scale.
 
 Two float16 CartPole trials whose scales settle apart (init 2**20, backoff 0.5 against
-0.125); PBT perturbs every 2 iterations over 6 iterations.
+0.125); PBT perturbs after every iteration (asynchronously) over 6 iterations.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ tune:
   max_concurrent_trials: 2
   scheduler: pbt
   pbt:
-    perturbation_interval: 2
+    perturbation_interval: 1
     quantile_fraction: 0.5
-    synch: true
+    synch: false
     hyperparam_mutations:
       training.lr: [0.0001, 0.0003, 0.001]
       amp.growth_interval: [1000, 2000]
