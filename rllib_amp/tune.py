@@ -29,6 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rllib_amp import loggers, recommend
 from rllib_amp import metrics as M
 from rllib_amp import storage as S
 from rllib_amp.cli import Parser, UsageError, main_wrapper
@@ -88,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="scale each trial's resources (GPUs, learners, env runners) down to what the "
         "local Ray has, instead of exiting when they do not fit",
+    )
+    p.add_argument(
+        "--wandb-project",
+        type=loggers.wandb_project,
+        default=None,
+        help="also log every trial to this Weights & Biases project (needs pip install wandb)",
     )
     p.add_argument(
         "--dry-run", action="store_true", help="print the resolved config and search space only"
@@ -179,8 +186,10 @@ def _progress_reporter(exp: Any) -> Any:
 def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore: bool) -> Any:
     from ray import tune
 
+    from rllib_amp import schedulers
+
     trainable = exp.algorithm_config().algo_class
-    param_space = exp.tune_param_space()
+    param_space = schedulers.param_space(exp)
     if exp.tune["metric"] in EPISODE_METRICS:
         param_space.callbacks(
             on_train_result=partial(_no_episode_yet_as_nan, metric=exp.tune["metric"])
@@ -194,9 +203,7 @@ def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore:
             param_space=param_space,
         )
     t = exp.tune
-    scheduler = None
-    if t["scheduler"] == "asha":
-        scheduler = tune.schedulers.ASHAScheduler(grace_period=2)
+    scheduler = schedulers.scheduler(exp, config_path)
     ck = exp.checkpoint
     run_config = tune.RunConfig(
         name=name,
@@ -210,6 +217,7 @@ def _tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore:
         # A failed trial restarts from its last checkpoint, scaler state included.
         failure_config=tune.FailureConfig(max_failures=t["max_failures"]),
         progress_reporter=_progress_reporter(exp),
+        callbacks=loggers.wandb_callbacks(getattr(args, "wandb_project", None)),
         verbose=1,
     )
     return tune.Tuner(
@@ -418,6 +426,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     best = next((r for r in rows if r["status"] == "DONE" and r["checkpoint"]), None)
     print(f"Best trial checkpoint: {best['checkpoint'] if best else '-'}")
     print(f"Results: {parquet}")
+    recommend.report(exp, rows, grid, exp_dir)
     failed = [r for r in rows if r["status"] == "ERROR"]
     unfinished = [r for r in rows if r["status"] == "UNFINISHED"]
     if unfinished:

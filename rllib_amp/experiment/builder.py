@@ -37,6 +37,59 @@ def param_space(search: Mapping[str, Sampler]) -> dict[str, Any]:
     return {key: sampler.to_tune() for key, sampler in search.items()}
 
 
+def mutation_space(data: Mapping[str, Any]) -> dict[str, Any]:
+    """PBT's mutations by dotted key: a list (PBT moves to a neighbouring value) or a Tune
+    Domain (PBT multiplies by 0.8 or 1.2, or redraws); empty without ``tune.scheduler: pbt``.
+
+    Example:
+        >>> from rllib_amp.experiment.schema import validate
+        >>> data = validate({"algorithm": "PPO", "env": "CartPole-v1", "stop": {"time_total_s": 9},
+        ...     "tune": {"scheduler": "pbt", "pbt": {"perturbation_interval": 2,
+        ...              "hyperparam_mutations": {"amp.growth_interval": [10, 100]}}}})
+        >>> mutation_space(data)
+        {'amp.growth_interval': [10, 100]}
+    """
+    pbt = data["tune"].get("pbt")
+    out: dict[str, Any] = {}
+    for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
+        sampler = Sampler.parse(spec)
+        out[key] = list(sampler.values) if sampler.kind == "choice" else sampler.to_tune()
+    return out
+
+
+def mutation_bounds(data: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (lo, hi) that a PBT perturbation of a range must stay within.
+
+    Example:
+        >>> mutation_bounds({"tune": {"pbt": {"hyperparam_mutations": {"k": {"randint": [1, 5]}}}}})
+        {'k': (1, 4)}
+    """
+    pbt = data["tune"].get("pbt")
+    out: dict[str, tuple[Any, Any]] = {}
+    for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
+        sampler = Sampler.parse(spec)
+        if sampler.kind != "choice":
+            lo, hi = sampler.edges()
+            out[key] = (lo, hi)
+    return out
+
+
+def initial_space(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The Tune search space of a trial's first config: the search, plus each PBT-mutated
+    key not searched drawn from its mutation (so the population starts spread out).
+
+    Example:
+        >>> initial_space({"search": {}, "tune": {"pbt": None}})
+        {}
+    """
+    space = param_space(data["search"])
+    pbt = data["tune"].get("pbt")
+    for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
+        if key not in space:
+            space[key] = Sampler.parse(spec).to_tune()
+    return space
+
+
 def algorithm_config(
     data: Mapping[str, Any], searched: Mapping[str, Any] | None = None
 ) -> AlgorithmConfig:

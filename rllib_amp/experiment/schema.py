@@ -23,13 +23,14 @@ from typing import Any
 
 from ray._common.deprecation import DEPRECATED_VALUE
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
 from rllib_amp import envs, models
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
 from rllib_amp.experiment.sampler import Sampler
-from rllib_amp.settings import AmpSettings
+from rllib_amp.settings import AmpSettings, WarmStart, check_pbt_mutations
 
 
 class ExperimentError(ValueError):
@@ -47,7 +48,7 @@ class ExperimentError(ValueError):
 
 
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
-SCHEDULERS = ("fifo", "asha")
+SCHEDULERS = ("fifo", "asha", "pbt")
 # resources key -> (builder method, allowed python types, minimum)
 RESOURCES: dict[str, tuple[str, tuple[type, ...], float]] = {
     "num_env_runners": ("env_runners", (int,), 0),
@@ -65,7 +66,25 @@ TUNE_DEFAULTS: dict[str, Any] = {
     "scheduler": "fifo",
     "max_concurrent_trials": None,
     "max_failures": 2,
+    "pbt": None,
 }
+# tune.pbt: Population Based Training (tune.scheduler: pbt). perturbation_interval counts
+# training iterations; the rest are Tune's PopulationBasedTraining arguments.
+PBT_DEFAULTS: dict[str, Any] = {
+    "perturbation_interval": None,
+    "hyperparam_mutations": None,
+    "quantile_fraction": 0.25,
+    "resample_probability": 0.25,
+    "burn_in_period": 0,
+    "synch": False,
+}
+# Sections PBT may mutate: a restore into another model or other resources would not fit the
+# donor's checkpoint.
+MUTABLE = ("amp", "training")
+PBT_EXAMPLE = (
+    "tune: {scheduler: pbt, pbt: {perturbation_interval: 2, hyperparam_mutations: "
+    "{training.lr: {loguniform: [1.0e-4, 1.0e-3]}, amp.growth_interval: [10, 100, 2000]}}}"
+)
 CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
 # Numeric training keys checked here (RLlib checks the rest when the config is built).
 TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
@@ -369,10 +388,24 @@ def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
 def _amp(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     amp = _mapping(path, "amp", value)
     try:
-        AmpSettings.from_dict(amp, where="amp")
+        settings = AmpSettings.from_dict(amp, where="amp")
+        if settings.warm_start is not None:
+            # Read the checkpoint now, so that a missing scaler state or a module map naming
+            # unknown modules is refused before anything starts, not in every trial.
+            _check_warm_start(settings.warm_start.path, settings.warm_start.modules)
     except ValueError as e:
         raise ExperimentError(f"{path}: {e}") from None
     return amp
+
+
+@functools.lru_cache(maxsize=16)
+def _check_warm_start(checkpoint: str, modules: tuple[tuple[str, str], ...] | None) -> None:
+    """``warm_start.check_warm_start`` for a YAML experiment, whose one module is RLlib's
+    default; cached, since every override and search edge validates the amp section again."""
+    from rllib_amp.warm_start import check_warm_start
+
+    warm = WarmStart(path=checkpoint, modules=modules)
+    check_warm_start(AmpSettings(warm_start=warm), [DEFAULT_MODULE_ID])
 
 
 def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -410,13 +443,79 @@ def _tune(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
         raise _err(path, "tune.mode", f"got {t['mode']!r}; allowed: max, min")
     if t["scheduler"] not in SCHEDULERS:
         raise _err(
-            path, "tune.scheduler", f"got {t['scheduler']!r}; allowed: {', '.join(SCHEDULERS)}"
+            path,
+            "tune.scheduler",
+            f"got {t['scheduler']!r}{suggest(str(t['scheduler']), SCHEDULERS)}; "
+            f"allowed: {', '.join(SCHEDULERS)}",
         )
     _number(path, "tune.num_samples", t["num_samples"], (int,), 1)
     _number(path, "tune.max_failures", t["max_failures"], (int,), 0)
     if t["max_concurrent_trials"] is not None:
         _number(path, "tune.max_concurrent_trials", t["max_concurrent_trials"], (int,), 1)
+    if t["scheduler"] == "pbt":
+        t["pbt"] = _pbt(t["pbt"], exp, path)
+    elif t["pbt"] is not None:
+        raise _err(
+            path,
+            "tune.pbt",
+            f"set, but tune.scheduler is {t['scheduler']!r}; add 'scheduler: pbt' or drop pbt",
+        )
     return t
+
+
+def _pbt(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """tune.pbt, normalised: every mutation a one-key sampler mapping ({choice: [...]} for a
+    list); its values checked by their section's validator, like search entries."""
+    if value is None:
+        raise _err(path, "tune.pbt", f"missing for scheduler pbt; add e.g. {PBT_EXAMPLE}")
+    given = _mapping(path, "tune.pbt", value)
+    _keys(path, "tune.pbt", given, PBT_DEFAULTS)
+    pbt = {**PBT_DEFAULTS, **given}
+    for key in ("perturbation_interval", "hyperparam_mutations"):
+        if pbt[key] is None:
+            raise _err(path, f"tune.pbt.{key}", f"missing; add e.g. {PBT_EXAMPLE}")
+    _number(path, "tune.pbt.perturbation_interval", pbt["perturbation_interval"], (int,), 1)
+    _number(path, "tune.pbt.quantile_fraction", pbt["quantile_fraction"], (int, float), 0, 0.5)
+    _number(path, "tune.pbt.resample_probability", pbt["resample_probability"], (int, float), 0, 1)
+    _number(path, "tune.pbt.burn_in_period", pbt["burn_in_period"], (int,), 0)
+    if not isinstance(pbt["synch"], bool):
+        raise _err(path, "tune.pbt.synch", f"got {pbt['synch']!r}; expected true or false")
+    where = "tune.pbt.hyperparam_mutations"
+    mutations = _mapping(path, where, pbt["hyperparam_mutations"])
+    if not mutations:
+        raise _err(path, where, f"empty; name at least one key to mutate, e.g. {PBT_EXAMPLE}")
+    try:
+        check_pbt_mutations(mutations)
+    except ValueError as e:
+        raise ExperimentError(f"{path}: tune.pbt.{e}") from None
+    out: dict[str, dict[str, list[Any]]] = {}
+    for key, spec in mutations.items():
+        key = str(key)
+        top, *rest = key.split(".")
+        if top not in MUTABLE or len(rest) != 1 or not rest[0]:
+            raise _err(
+                path,
+                f"{where}.{key}",
+                f"PBT mutates one key of {' or '.join(MUTABLE)}{suggest(top, MUTABLE)}, "
+                f"written flat, e.g. training.lr or amp.growth_interval",
+            )
+        if isinstance(spec, list):
+            spec = {"choice": spec}
+        try:
+            sampler = Sampler.parse(spec)
+        except ValueError as e:
+            raise _err(path, f"{where}.{key}", f"{e}; or give a list of values") from None
+        if sampler.kind == "grid":
+            raise _err(
+                path,
+                f"{where}.{key}",
+                "grid multiplies trials and PBT does not; give a list of values (PBT moves "
+                "to a neighbouring one) or a range such as {loguniform: [lo, hi]}",
+            )
+        _check_values(exp, key, sampler, f"{where}.{key}", path)
+        out[key] = sampler.to_dict()
+    pbt["hyperparam_mutations"] = out
+    return pbt
 
 
 def _stop(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -480,23 +579,31 @@ def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]
             sampler = Sampler.parse(spec)
         except ValueError as e:
             raise _err(path, where, str(e)) from None
-        if sampler.kind in ("uniform", "loguniform") and is_integer_key(exp, key):
-            lo, hi = sampler.values
-            raise _err(
-                path,
-                where,
-                f"{sampler.kind} draws floats and '{key}' takes an integer; use "
-                f"{{randint: [{math.ceil(lo)}, {math.floor(hi) + 1}]}} or a grid/choice of "
-                f"integers",
-            )
-        for edge in sampler.edges():
-            section = with_dotted(exp[top], rest, edge, key, path) if rest else edge
-            try:
-                SECTIONS[top](section, exp, path)
-            except ExperimentError as e:
-                raise ExperimentError(f"{e} (value {edge!r} of {where})") from None
+        _check_values(exp, key, sampler, where, path)
         out[key] = sampler
     return out
+
+
+def _check_values(
+    exp: Mapping[str, Any], key: str, sampler: Sampler, where: str, path: str
+) -> None:
+    """Every value ``sampler`` can give the dotted ``key`` passes the key's section validator."""
+    top, *rest = key.split(".")
+    if sampler.kind in ("uniform", "loguniform") and is_integer_key(exp, key):
+        lo, hi = sampler.values
+        raise _err(
+            path,
+            where,
+            f"{sampler.kind} draws floats and '{key}' takes an integer; use "
+            f"{{randint: [{math.ceil(lo)}, {math.floor(hi) + 1}]}} or a grid/choice of "
+            f"integers",
+        )
+    for edge in sampler.edges():
+        section = with_dotted(exp[top], rest, edge, key, path) if rest else edge
+        try:
+            SECTIONS[top](section, exp, path)
+        except ExperimentError as e:
+            raise ExperimentError(f"{e} (value {edge!r} of {where})") from None
 
 
 # In the order they run: each may read the sections above it.
@@ -519,9 +626,14 @@ TOP_KEYS = tuple(SECTIONS)
 
 
 def _batch_bounds(exp: Mapping[str, Any], key: str, default: int | None) -> tuple[Any, Any]:
-    """(smallest, largest) value ``training.key`` can take, searched or not."""
-    sampler = exp["search"].get(f"training.{key}")
-    nums = [v for v in sampler.edges() if is_number(v)] if sampler else []
+    """(smallest, largest) value ``training.key`` can take, searched, mutated by PBT or not."""
+    pbt = exp["tune"]["pbt"]
+    mutated = (pbt["hyperparam_mutations"] if pbt else {}).get(f"training.{key}")
+    samplers = [exp["search"].get(f"training.{key}"), mutated and Sampler.parse(mutated)]
+    nums = [v for s in samplers if s for v in s.edges() if is_number(v)]
+    if mutated and f"training.{key}" not in exp["search"]:
+        nums.append(exp["training"].get(key, default))  # a trial may start at the file's value
+    nums = [v for v in nums if is_number(v)]
     if nums:
         return min(nums), max(nums)
     v = exp["training"].get(key, default)
@@ -567,7 +679,30 @@ def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
     for section, check in SECTIONS.items():
         out[section] = check(raw.get(section), out, path)
     _check_batch_sizes(out, path)
+    _check_pbt(out, path)
     return out
+
+
+def _check_pbt(exp: Mapping[str, Any], path: str) -> None:
+    """What PBT needs of the sections after ``tune``: no init_scale or warm_start in the
+    search, and a checkpoint at least every perturbation_interval for exploits to copy."""
+    pbt = exp["tune"]["pbt"]
+    if pbt is None:
+        return
+    try:
+        check_pbt_mutations({}, searched=exp["search"])
+    except ValueError as e:
+        raise ExperimentError(f"{path}: {e}") from None
+    interval = pbt["perturbation_interval"]
+    frequency = exp["checkpoint"]["frequency"]
+    if not 1 <= frequency <= interval:
+        raise _err(
+            path,
+            "checkpoint.frequency",
+            f"got {frequency}; PBT copies a donor's latest checkpoint every "
+            f"perturbation_interval ({interval}) iterations, so checkpoint at least that "
+            f"often: set checkpoint.frequency to 1..{interval}",
+        )
 
 
 # -- dotted keys ------------------------------------------------------------------------------

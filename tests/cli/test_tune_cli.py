@@ -15,6 +15,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from rllib_amp import tune as cli
 
@@ -125,6 +126,8 @@ def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys):
         assert r["env_steps_per_s"] > 0 and os.path.isdir(r["checkpoint"])
     returns = [r["env_runners/episode_return_mean"] for r in table]
     assert returns == sorted(returns, reverse=True)
+    recommended = yaml.safe_load((tmp_path / "e2e" / "recommended_amp.yaml").read_text())
+    assert recommended["amp"]["init_scale"] == table[0]["grad_scale"]
 
 
 def _results(path):

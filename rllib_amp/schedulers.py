@@ -1,0 +1,101 @@
+"""Tune schedulers for an experiment's ``tune.scheduler``: ASHA, and Population Based Training.
+
+PBT (``tune.scheduler: pbt``) every ``tune.pbt.perturbation_interval`` training iterations
+replaces the worst quantile of trials by copies of the best (exploit: the donor's checkpoint,
+scaler state included) with some settings changed (explore: ``hyperparam_mutations``). What
+wins after an exploit (see docs/update-step.md): the recipient's own, possibly mutated,
+``growth_interval``, ``growth_factor`` and ``backoff_factor``; the donor's live scale and
+growth tracker. ``init_scale`` and ``warm_start`` cannot mutate (the schema refuses them).
+
+Mutations are given by dotted experiment keys; Tune needs them where they sit in a trial's
+config dict (AMP settings under ``learner_config_dict.rllib_amp``), which ``config_path``
+(``rllib_amp.tune.config_path``) says.
+
+Example:
+    >>> from rllib_amp import experiment as E
+    >>> exp = E.load("tune_configs/cartpole_ppo_pbt.yaml")
+    >>> from rllib_amp.tune import config_path
+    >>> sched = scheduler(exp, config_path)
+    >>> amp = sched._hyperparam_mutations["learner_config_dict"]["rllib_amp"]
+    >>> type(sched).__name__, amp["growth_interval"]
+    ('PopulationBasedTraining', [10, 100, 2000])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rllib_amp.experiment import Experiment, builder
+
+ConfigPath = Callable[[str, dict[str, Any]], tuple[str, ...]]
+# ASHA stops a trial no earlier than this many iterations.
+ASHA_GRACE_PERIOD = 2
+
+
+def nest(flat: Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
+    """{("a", "b"): 1} -> {"a": {"b": 1}}: the nested shape PBT's mutations take.
+
+    Example:
+        >>> nest({("lr",): [1], ("learner_config_dict", "rllib_amp", "growth_interval"): [2]})
+        {'lr': [1], 'learner_config_dict': {'rllib_amp': {'growth_interval': [2]}}}
+    """
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+class KeepInRange:
+    """PBT's ``custom_explore_fn``: a perturbed range value (x 0.8 or x 1.2) is clipped back
+    into the range the file gave, so a mutation never reaches a value the schema refused
+    (``backoff_factor`` 0.9 x 1.2 would be >= 1)."""
+
+    def __init__(self, bounds: Mapping[tuple[str, ...], tuple[Any, Any]]) -> None:
+        self.bounds = dict(bounds)
+
+    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
+        for path, (lo, hi) in self.bounds.items():
+            node = config
+            for key in path[:-1]:
+                node = node[key]
+            value = node[path[-1]]
+            clipped = min(max(value, lo), hi)
+            node[path[-1]] = type(value)(clipped) if isinstance(value, int) else clipped
+        return config
+
+
+def param_space(exp: Experiment) -> Any:
+    """The Tune ``param_space``: the experiment's config with its search space, and under PBT
+    each mutated key that is not searched drawn from its mutation for the first config."""
+    return builder.algorithm_config(exp.data, searched=builder.initial_space(exp.data))
+
+
+def scheduler(exp: Experiment, config_path: ConfigPath) -> Any:
+    """The Tune scheduler ``exp.tune['scheduler']`` names (None for fifo)."""
+    from ray import tune
+
+    t = exp.tune
+    if t["scheduler"] == "asha":
+        return tune.schedulers.ASHAScheduler(grace_period=ASHA_GRACE_PERIOD)
+    if t["scheduler"] != "pbt":
+        return None
+    sample = exp.algorithm_config().to_dict()
+    pbt = t["pbt"]
+    bounds = builder.mutation_bounds(exp.data)
+    return tune.schedulers.PopulationBasedTraining(
+        # metric and mode come from the TuneConfig (Tune refuses them twice).
+        time_attr="training_iteration",
+        perturbation_interval=pbt["perturbation_interval"],
+        burn_in_period=pbt["burn_in_period"],
+        quantile_fraction=pbt["quantile_fraction"],
+        resample_probability=pbt["resample_probability"],
+        synch=pbt["synch"],
+        hyperparam_mutations=nest(
+            {config_path(k, sample): v for k, v in builder.mutation_space(exp.data).items()}
+        ),
+        custom_explore_fn=KeepInRange({config_path(k, sample): b for k, b in bounds.items()}),
+    )
