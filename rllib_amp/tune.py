@@ -48,10 +48,13 @@ EXPERIMENT_FILE = "experiment.yaml"
 # A sweep larger than this is more likely a typo (num_samples: 10000 x a grid) than a plan.
 DEFAULT_MAX_TRIALS = 1000
 # Connecting to a Ray address that is not there: Ray itself retries for a minute or more.
-ADDRESS_PROBE_TIMEOUT_S = 10.0
+ADDRESS_PROBE_TIMEOUT_S = 5.0
 # Keys of the resolved experiment that may change between a run and its --resume.
 UNCOMPARED_KEYS = ("storage_path",)
 _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
+# HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 3.4, 6.5); type 4 = SETTINGS.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HTTP2_SETTINGS = 4
 _TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})(?:_|$)")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
@@ -420,7 +423,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 f"the interrupted run"
             )
         _check_unchanged(exp_dir, spec, args.accept_changes)
-    elif S.has_contents(exp_dir):
+    elif _taken(exp_dir):
         # Tune would start a new experiment in the same folder, replace results.parquet and
         # orphan the interrupted trials' checkpoints.
         raise UsageError(
@@ -447,6 +450,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     address, where = _ray_address(args)
     if address is not None:
         probe_address(address, where)
+    S.check_writable(storage)
     # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
     # starts is sized before it starts, so a trial that can never fit fails within seconds
     # (Ray's own start takes longer than that on a busy machine).
@@ -454,7 +458,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     predicted = R.local_capacity() if local and not ray.is_initialized() else None
     if predicted is not None:
         exp = _fit_resources(exp, args, predicted)
-    S.check_writable(storage)
     started = False
     if not ray.is_initialized():
         _start_ray(address, where)
@@ -581,12 +584,32 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
             f"(e.g. 127.0.0.1:6379)"
         )
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.sendall(_HTTP2_HELLO)
+            answer = _read(conn, 9)
     except OSError as e:
         raise UsageError(
             f"{where}: nothing answers at {host}:{port} ({_root_error(e)}); {fix}"
         ) from None
+    # Ray's GCS and its client server speak gRPC: a server that does not answer HTTP/2's
+    # connection preface with a SETTINGS frame is something else, which ray.init would wait
+    # on for minutes.
+    if len(answer) < 9 or answer[3] != _HTTP2_SETTINGS:
+        raise UsageError(
+            f"{where}: {host}:{port} answers but is not a Ray cluster (no gRPC there); pass "
+            f"the address `ray start --head` printed (GCS port 6379 by default, or "
+            f"ray://HOST:10001 for Ray Client)"
+        )
+
+
+def _read(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def _host_port(address: str) -> tuple[str | None, int | None]:
@@ -596,7 +619,7 @@ def _host_port(address: str) -> tuple[str | None, int | None]:
         port = u.port
     except ValueError:
         return None, None
-    if u.scheme not in ("ray", "http", "https") or not u.hostname or port is None or not port:
+    if u.scheme != "ray" or not u.hostname or port is None or not port:
         return None, None
     if u.path not in ("", "/") or u.query or u.fragment:
         return None, None
@@ -770,6 +793,15 @@ def _root_error(e: Any) -> str:
     if typed:
         return typed[-1]
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _taken(exp_dir: str) -> bool:
+    """Whether an experiment (anything) is at ``exp_dir``. Storage that cannot be reached is
+    not judged here: --dry-run touches no storage, and a real run's check_writable names it."""
+    try:
+        return S.has_contents(exp_dir)
+    except OSError:
+        return False
 
 
 def _can_restore(exp_dir: str) -> bool:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from types import SimpleNamespace
 
@@ -212,12 +213,66 @@ def test_a_closed_port_exits_2_within_15_s(tmp_path, capsys, monkeypatch, via):
     assert not (tmp_path / "s").exists()
 
 
+@pytest.fixture
+def listener():
+    """A server on 127.0.0.1 that accepts connections and answers with ``reply`` (None: says
+    nothing), like a web server or a port some other program holds."""
+    servers = []
+
+    def start(reply: bytes | None) -> int:
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        servers.append(srv)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                if reply is not None:
+                    conn.recv(1024)
+                    conn.sendall(reply)
+                servers.append(conn)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return int(srv.getsockname()[1])
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+@pytest.mark.usefixtures("no_ray")
+@pytest.mark.parametrize(
+    "reply, fragment",
+    [(b"HTTP/1.1 400 Bad Request\r\n\r\n", "answers but is not a Ray cluster"),
+     (None, "nothing answers at")],
+    ids=["http server", "silent"],
+)  # fmt: skip
+def test_an_open_port_that_is_not_ray_exits_2_within_15_s(
+    tmp_path, capsys, listener, reply, fragment
+):
+    port = listener(reply)
+    start = time.monotonic()
+    err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path),
+                           "--address", f"127.0.0.1:{port}"])  # fmt: skip
+    assert time.monotonic() - start < 15
+    assert fragment in err and f"127.0.0.1:{port}" in err
+
+
 @pytest.mark.usefixtures("no_ray")
 def test_address_auto_with_only_a_stale_record_exits_2(tmp_path, capsys, monkeypatch):
     ray_tmp = tmp_path / "raytmp"
     (ray_tmp / "ray").mkdir(parents=True)
     (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{closed_port()}")
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    # `auto` also joins any Ray running on this machine (Ray greps for GCS processes); other
+    # test sessions may run one, so that scan sees none here.
+    from ray._private import services
+
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: [])
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path),
                            "--address", "auto"])  # fmt: skip
     assert "--address:" in err and "ray start --head" in err
