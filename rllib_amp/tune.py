@@ -477,11 +477,16 @@ def run(argv: Sequence[str] | None = None) -> int:
             _fall_back_to_intact_checkpoints(exp_dir)
         try:
             tuner = _tuner(exp, args, storage, name, restore=args.resume)
-        except (ValueError, TypeError, RuntimeError, OSError) as e:
-            action = "restoring the experiment" if args.resume else "setting up Tune"
+        except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
+            if args.resume:
+                raise UsageError(
+                    f"--resume: restoring the experiment at {exp_dir} failed "
+                    f"({_root_error(e)}); if its files are damaged, start anew with another "
+                    f"--name"
+                ) from None
             raise UsageError(
-                f"{'--resume' if args.resume else '--config'}: {action} failed "
-                f"({_root_error(e)}); fix the cause above and run again"
+                f"--config: setting up Tune failed ({_root_error(e)}); fix the value it names "
+                f"in the file or the --set values"
             ) from None
         if not args.resume:
             S.write_bytes(S.join(exp_dir, EXPERIMENT_FILE), _dump(spec))
@@ -682,7 +687,7 @@ def _fall_back_to_intact_checkpoints(exp_dir: str) -> None:
     logger.addHandler(handler)
     try:
         checkpoint_fallback.resume_from_intact_checkpoints(exp_dir)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:  # TypeError, KeyError: bad state
         raise UsageError(
             f"--resume: cannot read the checkpoints at {exp_dir} ({_root_error(e)}); check the "
             f"storage, or start anew with another --name"

@@ -324,6 +324,16 @@ def test_fit_tells_an_interrupted_sweep_from_a_finished_one():
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.usefixtures("ray_local")
+def test_a_damaged_experiment_state_on_resume_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    fake_run(tmp_path)  # its tuner.pkl is no pickle
+    err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path",
+                           str(tmp_path / "store"), "--name", "old", "--resume"])  # fmt: skip
+    assert "--resume:" in err and "another --name" in err
+    assert (tmp_path / "store" / "old" / "results.parquet").read_bytes() == b"PAR1 earlier results"
+
+
 # -- failures after trials start ------------------------------------------------------------
 def test_a_trial_without_results_shows_its_id_and_root_error_without_colour(tmp_path):
     from rllib_amp import experiment as E

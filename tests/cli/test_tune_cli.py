@@ -175,8 +175,8 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     # The interrupted trial's latest checkpoint is damaged (a save cut short): --resume
     # falls back to the one before it.
     saved = sorted(glob.glob(os.path.join(os.path.dirname(running[0]), "checkpoint_*")))
-    assert len(saved) == 2, saved
-    older, latest = saved
+    assert len(saved) >= 2, saved  # num_to_keep=2; Tune may not have pruned an older one yet
+    older, latest = saved[-2:]
     biggest = max(
         (os.path.join(d, f) for d, _, fs in os.walk(latest) for f in fs), key=os.path.getsize
     )
