@@ -19,6 +19,7 @@ import yaml
 
 from rllib_amp import cli as C
 from rllib_amp import tune as cli
+from tests.cli.test_hostile_input import ray_must_not_start  # noqa: F401 - a fixture
 from tests.cli.test_tune_cli import tiny_file
 
 PROG = "python -m rllib_amp.tune: error: "
@@ -32,15 +33,9 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def no_ray(monkeypatch):
+def no_ray(monkeypatch, request):
     """Any attempt to start or join Ray fails the test: these inputs are refused before."""
-    import ray
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("Ray was started for input that should have been refused")
-
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    request.getfixturevalue(ray_must_not_start.__name__)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
