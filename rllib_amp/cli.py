@@ -14,6 +14,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+# 128 + SIGINT, what a shell reports for a command ended by Ctrl-C.
+EXIT_INTERRUPTED = 130
+
 
 class UsageError(Exception):
     """Bad command-line input: reported as one line, exit status 2."""
@@ -32,10 +35,14 @@ def main_wrapper(
     argv: Sequence[str] | None,
     errors: tuple[type[BaseException], ...] = (),
 ) -> int:
-    """Runs ``run(argv)``; UsageError and ``errors`` become ``prog: error: ...`` and exit 2."""
+    """Runs ``run(argv)``; UsageError and ``errors`` become ``prog: error: ...`` and exit 2,
+    Ctrl-C (KeyboardInterrupt) one line and exit 130, the shells' status for SIGINT."""
     caught: tuple[type[BaseException], ...] = (UsageError, *errors)
     try:
         return run(argv)
     except caught as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -135,6 +135,24 @@ def exists(location: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
+def has_contents(location: str) -> bool:
+    """True when ``location`` is a file, or a folder with anything in it (on object stores,
+    any object under that prefix).
+
+    Example:
+        >>> has_contents("/nonexistent/folder")
+        False
+    """
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(location)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return True
+    selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+    return bool(fs.get_file_info(selector))
+
+
 def write_bytes(location: str, data: bytes) -> None:
     """Writes ``data`` to the file at ``location`` (its folder is made if needed)."""
     fs, path = filesystem(location)

@@ -8,7 +8,8 @@ folder. Storage is a local path, a shared mount or a URI (``s3://``, ``gs://``, 
 ``rllib_amp.storage``). Before any trial starts it checks what would otherwise fail late: on
 a multi-node cluster, that every node reaches the storage; on a local Ray, that a trial's
 resources fit the machine (``--fit-to-machine`` scales them down). Exit status: 0 success,
-1 a trial failed or did not finish, 2 bad input.
+1 a trial failed or did not finish, 2 bad input (anything knowable before the first trial
+starts), 130 interrupted (Ctrl-C; ``--resume`` continues).
 
 Example:
     python -m rllib_amp.tune --set stop.training_iteration=2 --num-samples 1
@@ -23,7 +24,12 @@ import argparse
 import io
 import math
 import os
+import re
 import shlex
+import signal
+import socket
+import threading
+import urllib.parse
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -32,12 +38,26 @@ from typing import Any
 from rllib_amp import loggers, recommend
 from rllib_amp import metrics as M
 from rllib_amp import storage as S
-from rllib_amp.cli import Parser, UsageError, main_wrapper
+from rllib_amp.cli import EXIT_INTERRUPTED, Parser, UsageError, main_wrapper
 from rllib_amp.settings import AMP_CONFIG_KEY
 
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
 MODULE_ID = "default_policy"
 RESULTS_FILE = "results.parquet"
+# The resolved experiment of the first start, beside results.parquet: --resume compares to it.
+EXPERIMENT_FILE = "experiment.yaml"
+# A sweep larger than this is more likely a typo (num_samples: 10000 x a grid) than a plan.
+DEFAULT_MAX_TRIALS = 1000
+# Connecting to a Ray address that is not there: Ray itself retries for a minute or more.
+ADDRESS_PROBE_TIMEOUT_S = 5.0
+# Keys of the resolved experiment that may change between a run and its --resume.
+UNCOMPARED_KEYS = ("storage_path",)
+_NAME = re.compile(r"[\w][\w.+=-]{0,199}")
+# HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 3.4, 6.5); type 4 = SETTINGS.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HTTP2_SETTINGS = 4
+_TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})(?:_|$)")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
 # then they are missing, and Tune ends the whole sweep when its metric is missing from a
 # result: Pong's first iterations (episodes of thousands of steps) did exactly that.
@@ -69,7 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         "s3://bucket/experiments (default: the file's storage_path, else "
         f"${S.STORAGE_ENV}, else {S.DEFAULT_STORAGE})",
     )
-    p.add_argument("--name", default=None, help="experiment name (default: the file's name)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="experiment name, a folder name under STORAGE_PATH: letters, digits, '.', '_', "
+        "'-', '+', '=' (default: the file's name)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -82,7 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue the interrupted experiment NAME in STORAGE_PATH: finished trials are "
-        "kept, unfinished ones continue from their last checkpoint",
+        "kept, unfinished ones continue from their newest intact checkpoint",
+    )
+    p.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="with --resume: resume even though the experiment (file or --set values) differs "
+        f"from the {EXPERIMENT_FILE} stored at the first start; trials already created keep "
+        "the settings they started with",
+    )
+    p.add_argument(
+        "--max-trials",
+        type=int,
+        default=DEFAULT_MAX_TRIALS,
+        metavar="N",
+        help=f"refuse sweeps of more than N trials (grid size x num_samples; default "
+        f"{DEFAULT_MAX_TRIALS})",
     )
     p.add_argument(
         "--fit-to-machine",
@@ -260,7 +300,7 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
     for result in grid:
         cfg = result.config or {}
         final = result.metrics or {}
-        row: dict[str, Any] = {"trial_id": final.get("trial_id")}
+        row: dict[str, Any] = {"trial_id": final.get("trial_id") or _trial_id(result.path)}
         for key in exp.search:
             row[key] = _dig(cfg, config_path(key, cfg))
         steps = _metric(final, "num_env_steps_sampled_lifetime")
@@ -276,7 +316,7 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
                 "skipped_steps": _metric(final, amp_metric_key(M.SKIPPED_STEPS_LIFETIME)),
                 "env_steps_per_s": (steps / total) if steps and total else None,
                 "checkpoint": _checkpoint_location(result.checkpoint, storage),
-                "error": str(result.error).splitlines()[0] if result.error else None,
+                "error": _root_error(result.error) if result.error else None,
             }
         )
         rows.append(row)
@@ -290,6 +330,13 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
 
     rows.sort(key=sort_key, reverse=reverse)
     return rows
+
+
+def _trial_id(trial_dir: str | None) -> str | None:
+    """A trial's id from its folder name, for a trial that never reported a result: Tune
+    names the folder ``{trainable}_{trial id}_{index}_{params}_{time}``, ids ``abcde_00000``."""
+    found = _TRIAL_ID.search(os.path.basename(trial_dir or ""))
+    return found.group(1) if found else None
 
 
 def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:
@@ -352,11 +399,23 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.num_samples is not None and args.num_samples < 1:
         raise UsageError(f"--num-samples: got {args.num_samples}; must be >= 1")
+    if args.max_trials < 1:
+        raise UsageError(f"--max-trials: got {args.max_trials}; must be >= 1")
+    if args.accept_changes and not args.resume:
+        raise UsageError("--accept-changes: only applies with --resume; drop it or add --resume")
     from rllib_amp import experiment as E
 
     exp = E.load(find_config(args.config), overrides=args.overrides)
+    name = args.name if args.name is not None else exp.name
+    check_name(name, "--name" if args.name is not None else "the config file's name")
+    trials = _count_trials(exp, args.num_samples)
+    if trials > args.max_trials:
+        raise UsageError(
+            f"--max-trials: this sweep makes {trials:,} trials (search grid x num_samples), "
+            f"more than the cap of {args.max_trials:,}; lower tune.num_samples or the grid, "
+            f"or pass --max-trials {trials} to run them all"
+        )
     checked = E.preflight(exp)  # what --dry-run proves, and what a real run checks before Ray
-    name = args.name or exp.name
     storage = S.resolve(args.storage_path, exp.get("storage_path"))
     exp_dir = S.join(storage, name)
     if args.fit_to_machine and args.address:
@@ -364,10 +423,20 @@ def run(argv: Sequence[str] | None = None) -> int:
             "--fit-to-machine: scales trials to the local Ray this command starts; drop "
             "--address, or size the file's resources section for the cluster"
         )
-    if args.resume and not _can_restore(exp_dir):
+    spec = _run_spec(exp, args.num_samples)
+    if args.resume:
+        if not _can_restore(exp_dir):
+            raise UsageError(
+                f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of "
+                f"the interrupted run"
+            )
+        _check_unchanged(exp_dir, spec, args.accept_changes)
+    elif _taken(exp_dir):
+        # Tune would start a new experiment in the same folder, replace results.parquet and
+        # orphan the interrupted trials' checkpoints.
         raise UsageError(
-            f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of the "
-            f"interrupted run"
+            f"--name: an experiment named {name!r} already exists at {exp_dir}; continue it "
+            f"with --resume, or start a new one with another --name"
         )
 
     if args.dry_run:
@@ -378,7 +447,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         print("# search space")
         for key, sampler in exp.search.items():
             print(f"{key}: {sampler.to_dict()}")
-        print(f"# trials: {_count_trials(exp, args.num_samples)}")
+        print(f"# trials: {trials}")
         print(f"# pre-flight: {checked}")
         return 0
 
@@ -386,21 +455,22 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     from rllib_amp import resources as R
 
+    address, where = _ray_address(args)
+    if address is not None:
+        probe_address(address, where)
+    S.check_writable(storage)
     # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
     # starts is sized before it starts, so a trial that can never fit fails within seconds
     # (Ray's own start takes longer than that on a busy machine).
-    local = not args.address and not os.environ.get("RAY_ADDRESS")
+    local = address is None
     predicted = R.local_capacity() if local and not ray.is_initialized() else None
     if predicted is not None:
         exp = _fit_resources(exp, args, predicted)
-    S.check_writable(storage)
     started = False
     if not ray.is_initialized():
-        if args.address:
-            ray.init(address=args.address, log_to_driver=False)
-        else:
-            ray.init(log_to_driver=False)
-            started = True
+        _start_ray(address, where)
+        started = True
+    interrupted = False
     try:
         if local:
             actual = R.capacity_of(ray.cluster_resources())
@@ -411,8 +481,24 @@ def run(argv: Sequence[str] | None = None) -> int:
         dashboard = M.install_grafana_dashboard()
         if dashboard:
             print(f"AMP Grafana dashboard: {dashboard}")
-        tuner = _tuner(exp, args, storage, name, restore=args.resume)
-        grid = tuner.fit()
+        if args.resume:
+            _fall_back_to_intact_checkpoints(exp_dir)
+        try:
+            tuner = _tuner(exp, args, storage, name, restore=args.resume)
+        except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
+            if args.resume:
+                raise UsageError(
+                    f"--resume: restoring the experiment at {exp_dir} failed "
+                    f"({_root_error(e)}); if its files are damaged, start anew with another "
+                    f"--name"
+                ) from None
+            raise UsageError(
+                f"--config: setting up Tune failed ({_root_error(e)}); fix the value it names "
+                f"in the file or the --set values"
+            ) from None
+        if not args.resume:
+            S.write_bytes(S.join(exp_dir, EXPERIMENT_FILE), _dump(spec))
+        grid, interrupted = _fit(tuner)
     finally:
         if started:
             ray.shutdown()
@@ -429,15 +515,307 @@ def run(argv: Sequence[str] | None = None) -> int:
     recommend.report(exp, rows, grid, exp_dir)
     failed = [r for r in rows if r["status"] == "ERROR"]
     unfinished = [r for r in rows if r["status"] == "UNFINISHED"]
-    if unfinished:
+    if unfinished or interrupted:
         print(
-            f"{len(unfinished)} trial(s) did not finish; continue with: python -m rllib_amp.tune "
-            f"--config {shlex.quote(exp.path)} --name {shlex.quote(name)} "
-            f"--storage-path {shlex.quote(storage)} --resume"
+            f"{len(unfinished)} trial(s) did not finish; continue with: "
+            + _resume_command(args, exp, name, storage)
         )
-    if failed:
-        print(f"{len(failed)} trial(s) failed: {', '.join(str(r['trial_id']) for r in failed)}")
+    for r in failed:
+        print(f"trial {r['trial_id']} failed: {r['error']}")
+    if interrupted:
+        return EXIT_INTERRUPTED
     return 1 if failed or unfinished else 0
+
+
+def check_name(name: str, where: str = "--name") -> None:
+    """An experiment name is one folder name under the storage path, never a path: UsageError
+    for ``''``, ``.``, ``..``, ``a/b``, ``../../x`` or characters a URI would misread.
+
+    Example:
+        >>> check_name("cartpole-amp_2")
+        >>> check_name("../x")
+        Traceback (most recent call last):
+        rllib_amp.cli.UsageError: --name: got '../x'; ...
+    """
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise UsageError(
+            f"{where}: got {name!r}; an experiment name is a folder name, not a path: 1 to 200 "
+            f"letters, digits, '.', '_', '-', '+', '=' (not starting with '.' or '-'), e.g. "
+            f"--name cartpole-amp; choose the folder with --storage-path"
+        )
+
+
+def _ray_address(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The cluster to join and where it was given; ``(None, ...)`` for a Ray of our own.
+
+    RAY_ADDRESS counts as --address, as in every Ray tool: ``ray job submit`` sets it for the
+    job it starts, which must run on that cluster, not on a Ray of its own.
+    """
+    if args.address is not None:
+        if not args.address.strip():
+            raise UsageError(
+                "--address: got an empty address; pass auto, HOST:PORT or ray://HOST:PORT, "
+                "or drop --address for a local Ray"
+            )
+        return args.address.strip(), "--address"
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env:
+        return env, "RAY_ADDRESS"
+    return None, ""
+
+
+def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIMEOUT_S) -> None:
+    """Checks that something listens at a Ray address before ``ray.init`` tries it (Ray
+    retries an address nobody answers at for a minute or more): UsageError naming ``where``
+    and the fix when the address is malformed, unknown or refuses connections.
+
+    Example:
+        >>> probe_address("127.0.0.1:1", "--address")  # doctest: +SKIP
+        Traceback (most recent call last):
+        rllib_amp.cli.UsageError: --address: nothing answers at 127.0.0.1:1 (...); ...
+    """
+    fix = (
+        "start the cluster (ray start --head) or pass the address it printed"
+        + (", or unset RAY_ADDRESS to run on a local Ray" if where == "RAY_ADDRESS" else "")
+        + (", or drop --address to run on a local Ray" if where == "--address" else "")
+    )
+    if address == "local":
+        return
+    target = address
+    if address == "auto":
+        from ray._private import services
+
+        try:
+            target = services.canonicalize_bootstrap_address_or_die("auto")
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise UsageError(
+                f"{where}: auto found no Ray cluster ({_root_error(e)}); {fix}"
+            ) from None
+    host, port = _host_port(target)
+    if host is None or port is None:
+        raise UsageError(
+            f"{where}: got {address!r}; expected auto, HOST:PORT or ray://HOST:PORT "
+            f"(e.g. 127.0.0.1:6379)"
+        )
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.sendall(_HTTP2_HELLO)
+            answer = _read(conn, 9)
+    except OSError as e:
+        raise UsageError(
+            f"{where}: nothing answers at {host}:{port} ({_root_error(e)}); {fix}"
+        ) from None
+    # Ray's GCS and its client server speak gRPC: a server that does not answer HTTP/2's
+    # connection preface with a SETTINGS frame is something else, which ray.init would wait
+    # on for minutes.
+    if len(answer) < 9 or answer[3] != _HTTP2_SETTINGS:
+        raise UsageError(
+            f"{where}: {host}:{port} answers but is not a Ray cluster (no gRPC there); pass "
+            f"the address `ray start --head` printed (GCS port 6379 by default, or "
+            f"ray://HOST:10001 for Ray Client)"
+        )
+
+
+def _read(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _host_port(address: str) -> tuple[str | None, int | None]:
+    text = address if "://" in address else f"ray://{address}"
+    try:
+        u = urllib.parse.urlsplit(text)
+        port = u.port
+    except ValueError:
+        return None, None
+    if u.scheme != "ray" or not u.hostname or port is None or not port:
+        return None, None
+    if u.path not in ("", "/") or u.query or u.fragment:
+        return None, None
+    return u.hostname, port
+
+
+def _start_ray(address: str | None, where: str) -> None:
+    """``ray.init``, its failures as UsageError. Without an address: a fresh local Ray, never
+    a cluster some earlier ``ray start`` left recorded in Ray's temp folder."""
+    import ray
+
+    try:
+        if address is None:
+            ray.init(address="local", log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError, OSError, TimeoutError) as e:
+        if address is None:
+            raise UsageError(
+                f"ray.init: could not start a local Ray ({_root_error(e)}); check free disk "
+                f"space and memory in /tmp (or $RAY_TMPDIR), or pass --address of a cluster"
+            ) from None
+        raise UsageError(
+            f"{where}: could not join the Ray cluster at {address} ({_root_error(e)}); check "
+            f"the address and that the cluster runs the same Ray and Python versions"
+        ) from None
+
+
+def _fit(tuner: Any) -> tuple[Any, bool]:
+    """``tuner.fit()`` and whether Ctrl-C ended it. Tune catches the first SIGINT, saves the
+    experiment and returns; its handler then puts back the one it found, which is how the
+    marker installed here tells an interrupted run from a finished one."""
+    if threading.current_thread() is not threading.main_thread():
+        return tuner.fit(), False
+
+    def marker(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, marker)
+    try:
+        grid = tuner.fit()
+        return grid, signal.getsignal(signal.SIGINT) is marker
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _fall_back_to_intact_checkpoints(exp_dir: str) -> None:
+    """Before Tuner.restore: trials whose latest checkpoint is damaged resume from their newest
+    intact one (checkpoint_fallback logs a WARNING naming both)."""
+    import logging
+
+    from rllib_amp import checkpoint_fallback
+
+    # Shown as "WARNING ..." on stderr whatever logging this process has set up (none: the
+    # CLI is the program), and only once.
+    logger = logging.getLogger(checkpoint_fallback.__name__)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(handler)
+    try:
+        checkpoint_fallback.resume_from_intact_checkpoints(exp_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # TypeError, KeyError: bad state
+        raise UsageError(
+            f"--resume: cannot read the checkpoints at {exp_dir} ({_root_error(e)}); check the "
+            f"storage, or start anew with another --name"
+        ) from None
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def _run_spec(exp: Any, num_samples: int | None) -> dict[str, Any]:
+    """What a run is: the resolved experiment, with --num-samples in it."""
+    spec = exp.resolved()
+    if num_samples is not None:
+        spec["tune"] = {**spec["tune"], "num_samples": num_samples}
+    for key in UNCOMPARED_KEYS:
+        spec.pop(key, None)
+    return spec
+
+
+def _dump(spec: dict[str, Any]) -> bytes:
+    import yaml
+
+    return yaml.safe_dump(spec, sort_keys=False).encode()
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict) or not d:
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def changed_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for each dotted key whose value differs.
+
+    Example:
+        >>> changed_keys({"amp": {"init_scale": 1.0}}, {"amp": {"init_scale": 2.0}})
+        ['amp.init_scale: 1.0 -> 2.0']
+    """
+    old, new = _flat(stored), _flat(current)
+
+    def show(d: dict[str, Any], k: str) -> str:
+        return repr(d[k]) if k in d else "(not set)"
+
+    return [
+        f"{k}: {show(old, k)} -> {show(new, k)}"
+        for k in dict.fromkeys([*old, *new])
+        if old.get(k, ...) != new.get(k, ...)
+    ]
+
+
+def _check_unchanged(exp_dir: str, spec: dict[str, Any], accept: bool) -> None:
+    import yaml
+
+    location = S.join(exp_dir, EXPERIMENT_FILE)
+    if not S.exists(location):
+        return  # started before experiments were stored: nothing to compare with
+    try:
+        stored = yaml.safe_load(S.read_bytes(location))
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(
+            f"--resume: cannot read {location} ({_root_error(e)}); restore it, or start anew "
+            f"with another --name"
+        ) from None
+    diff = changed_keys(stored if isinstance(stored, dict) else {}, spec)
+    if diff and not accept:
+        raise UsageError(
+            f"--resume: the experiment differs from the one stored at {location}: "
+            f"{'; '.join(diff)}; resume with the same file and --set values, start a new run "
+            f"with another --name, or pass --accept-changes (trials already created keep "
+            f"their settings)"
+        )
+    if diff:
+        print(f"--accept-changes: resuming despite {'; '.join(diff)}")
+
+
+def _resume_command(args: argparse.Namespace, exp: Any, name: str, storage: str) -> str:
+    """The command that continues this run: the same file, --set values and sample count."""
+    words = ["python", "-m", "rllib_amp.tune", "--config", exp.path, "--name", name]
+    words += ["--storage-path", storage]
+    for item in args.overrides:
+        words += ["--set", item]
+    if args.num_samples is not None:
+        words += ["--num-samples", str(args.num_samples)]
+    if args.address is not None:
+        words += ["--address", args.address]
+    return " ".join(shlex.quote(w) for w in [*words, "--resume"])
+
+
+def _root_error(e: Any) -> str:
+    """The line that says what went wrong, without colour codes: the innermost cause's
+    ``Type: message`` (a trial's RayTaskError wraps the exception raised in the trial)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        inner = getattr(e, "cause", None) or getattr(e, "__cause__", None)
+        if not isinstance(inner, BaseException):
+            break
+        e = inner
+    text = _ANSI.sub("", str(e)).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(e, BaseException):
+        return lines[0] if lines else "-"
+    # A traceback rendered into the message (Ray's) ends with the raising line.
+    typed = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
+    if typed:
+        return typed[-1]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _taken(exp_dir: str) -> bool:
+    """Whether an experiment (anything) is at ``exp_dir``. Storage that cannot be reached is
+    not judged here: --dry-run touches no storage, and a real run's check_writable names it."""
+    try:
+        return S.has_contents(exp_dir)
+    except OSError:
+        return False
 
 
 def _can_restore(exp_dir: str) -> bool:

@@ -49,15 +49,21 @@ class ExperimentError(ValueError):
 
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
 SCHEDULERS = ("fifo", "asha", "pbt")
-# resources key -> (builder method, allowed python types, minimum)
-RESOURCES: dict[str, tuple[str, tuple[type, ...], float]] = {
-    "num_env_runners": ("env_runners", (int,), 0),
-    "num_envs_per_env_runner": ("env_runners", (int,), 1),
-    "num_cpus_per_env_runner": ("env_runners", (int, float), 0),
-    "num_gpus_per_env_runner": ("env_runners", (int, float), 0),
-    "num_learners": ("learners", (int,), 0),
-    "num_cpus_per_learner": ("learners", (int, float), 0),
-    "num_gpus_per_learner": ("learners", (int, float), 0),
+# Upper bounds far above any real setup and far below what hangs: RLlib builds one
+# placement-group bundle per env runner up front (num_env_runners: 100000000 never returned),
+# and a batch is allocated whole.
+MAX_ENV_RUNNERS = 1024
+MAX_ENVS_PER_ENV_RUNNER = 4096
+MAX_BATCH = 10**7
+# resources key -> (builder method, allowed python types, minimum, maximum)
+RESOURCES: dict[str, tuple[str, tuple[type, ...], float, float | None]] = {
+    "num_env_runners": ("env_runners", (int,), 0, MAX_ENV_RUNNERS),
+    "num_envs_per_env_runner": ("env_runners", (int,), 1, MAX_ENVS_PER_ENV_RUNNER),
+    "num_cpus_per_env_runner": ("env_runners", (int, float), 0, None),
+    "num_gpus_per_env_runner": ("env_runners", (int, float), 0, None),
+    "num_learners": ("learners", (int,), 0, MAX_ENV_RUNNERS),
+    "num_cpus_per_learner": ("learners", (int, float), 0, None),
+    "num_gpus_per_learner": ("learners", (int, float), 0, None),
 }
 TUNE_DEFAULTS: dict[str, Any] = {
     "metric": "env_runners/episode_return_mean",
@@ -90,8 +96,9 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end
 TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
     "lr": ((int, float), 0.0, None),
     "gamma": ((int, float), 0.0, 1.0),
-    "train_batch_size_per_learner": ((int,), 1, None),
-    "minibatch_size": ((int,), 1, None),
+    "train_batch_size": ((int,), 1, MAX_BATCH),
+    "train_batch_size_per_learner": ((int,), 1, MAX_BATCH),
+    "minibatch_size": ((int,), 1, MAX_BATCH),
     "num_epochs": ((int,), 1, None),
     "grad_clip": ((int, float), 0.0, None),
 }
@@ -429,7 +436,7 @@ def _resources(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     resources = _mapping(path, "resources", value)
     _keys(path, "resources", resources, RESOURCES)
     for k, v in resources.items():
-        _number(path, f"resources.{k}", v, RESOURCES[k][1], RESOURCES[k][2])
+        _number(path, f"resources.{k}", v, *RESOURCES[k][1:])
     return resources
 
 

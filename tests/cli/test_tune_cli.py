@@ -162,21 +162,35 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     while time.time() < deadline:
         files = {f: _results(f) for f in glob.glob(pattern)}
         done = [f for f, rs in files.items() if rs and rs[-1].get("done")]
-        running = [f for f, rs in files.items() if len(rs) >= 2 and not rs[-1].get("done")]
+        # At least 3 results: two checkpoints saved (checkpoint frequency 1, keep 2).
+        running = [f for f, rs in files.items() if len(rs) >= 3 and not rs[-1].get("done")]
         if done and running:
             break
         time.sleep(0.1)
     assert done and running, "could not catch the sweep mid-way"
     proc.send_signal(signal.SIGINT)  # what Ctrl-C does
-    assert proc.wait(timeout=120) == 1  # unfinished trials: exit 1 and a --resume hint
+    assert proc.wait(timeout=120) == 130  # interrupted: exit 130, the summary, a --resume hint
     log.close()
     assert "--resume" in (tmp_path / "first.log").read_text()
     finished = {f: len(_results(f)) for f in done}
     kept = {c for f in done for c in glob.glob(os.path.join(os.path.dirname(f), "checkpoint_*"))}
     assert kept, "finished trials have no checkpoint"
+    # The interrupted trial's latest checkpoint is damaged (a save cut short): --resume
+    # falls back to the one before it.
+    saved = sorted(glob.glob(os.path.join(os.path.dirname(running[0]), "checkpoint_*")))
+    assert len(saved) >= 2, saved  # num_to_keep=2; Tune may not have pruned an older one yet
+    older, latest = saved[-2:]
+    biggest = max(
+        (os.path.join(d, f) for d, _, fs in os.walk(latest) for f in fs), key=os.path.getsize
+    )
+    with open(biggest, "r+b") as f:
+        f.truncate(os.path.getsize(biggest) // 2)
 
     out = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    warning = [line for line in out.stderr.splitlines() if line.startswith("WARNING")]
+    assert any(older in line and latest in line for line in warning), out.stderr[-3000:]
+    assert os.path.isdir(latest + ".damaged")  # kept aside, not deleted
     for f, n in finished.items():
         assert len(_results(f)) == n, f"finished trial {f} ran again"
     for c in kept:  # no checkpoint of a finished trial was lost
@@ -298,7 +312,7 @@ def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(tmp_path):
     assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
     assert "PENDING" in (tmp_path / "out.log").read_text()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 1  # unfinished trials, not bad input
+    assert proc.wait(timeout=120) == 130  # interrupted, not bad input
     log.close()
 
 

@@ -218,7 +218,7 @@ def test_s3_sweep_on_the_cluster_resumes_from_the_bucket_with_exact_scaler_state
         time.sleep(0.5)
     assert len(trial_dirs) == 2, (tmp_path / "first.log").read_text()[-3000:]
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=180) == 1, (tmp_path / "first.log").read_text()[-3000:]
+    assert proc.wait(timeout=180) == 130, (tmp_path / "first.log").read_text()[-3000:]
     log.close()
     saved = {t: _states_in_bucket(s3, t) for t in trial_dirs}
 
