@@ -93,6 +93,10 @@ def path_configs(
             algo, model, pv.variant, device, training=training, preprocessing=pv.preprocessing
         )
         cfg.env_runners(num_envs_per_env_runner=num_envs)
+        # APPO defaults to one remote learner of one CPU: several of them side by side do not
+        # fit a 2-core machine's Ray (the third waits forever), and a remote one would add
+        # Ray's transfers that PPO's and DQN's rows do not have. The local learner, as theirs.
+        cfg.learners(num_learners=0)
         out[label] = cfg
     return out
 

@@ -142,7 +142,7 @@ def train_interleaved(
                 dt = time.perf_counter() - t
                 steps = result["env_runners"]["num_env_steps_sampled"]
                 if it >= warmup:  # the first iterations build and warm everything
-                    rates[v].append(steps / dt)
+                    rates[v].append(float(steps / dt))
     finally:
         for a in algos.values():
             a.stop()

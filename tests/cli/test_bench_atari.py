@@ -98,6 +98,8 @@ def test_path_variants_build_the_configs_they_name():
     assert all(c.num_envs_per_env_runner == 2 for c in cfgs.values())
     appo = atari_figures.path_configs("APPO", [STOCK], "cpu", model="mini")
     assert appo[STOCK].train_batch_size_per_learner == 1024
+    # Local learners: APPO's default remote one (1 CPU each) would leave the third waiting.
+    assert appo[STOCK].num_learners == 0 and cfgs[STOCK].num_learners == 0
 
 
 def test_memory_paths_give_each_label_its_variant_and_its_paths_batch():
