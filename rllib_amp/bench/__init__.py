@@ -19,6 +19,8 @@ Figures (``figures``), on the workloads of ``workloads.WORKLOADS``:
   4. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
      fixed number of env steps.
 
+Figures 1-3 sample Pong on the default Atari path (ALE's native env, uint8 observations).
+
 Atari-path figures (``atari_figures``), RLlib's Python wrappers (float32 observations) vs ALE's
 native vector env (uint8), variants ``workloads.PATH_VARIANTS`` ("fp32 wrappers" is stock
 RLlib as it ships and the reference of their ratios):
