@@ -19,6 +19,18 @@ Figures (``figures``), on the workloads of ``workloads.WORKLOADS``:
   4. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
      fixed number of env steps.
 
+Figures 1-3 sample Pong on the default Atari path (ALE's native env, uint8 observations).
+
+Atari-path figures (``atari_figures``), RLlib's Python wrappers (float32 observations) vs ALE's
+native vector env (uint8), variants ``workloads.PATH_VARIANTS`` ("fp32 wrappers" is stock
+RLlib as it ships and the reference of their ratios):
+  5. sampling env steps/s of one EnvRunner with 16 envs, inference included, each repetition
+     of each path in a fresh process;
+  6. end-to-end env steps/s of PPO (target) and APPO (reported) on Pong;
+  7. DQN replay-buffer bytes per stored transition (with --algos including DQN);
+  8. peak memory of a learner update per path variant.
+The issue's targets (``report.TARGETS``) print under the table as measured ratios, met or not.
+
 Each throughput cell and the end-to-end figure run in a fresh process (``harness``), and
 within it every variant runs interleaved, so the variants share one process: rllib-amp's CPU
 allocator setting (rllib_amp.malloc) applies to the stock variants as well. The speed
@@ -29,16 +41,33 @@ Example:
     python -m rllib_amp.bench --quick --json bench.json
 """
 
+from rllib_amp.bench.atari_figures import (
+    bench_end_to_end_paths,
+    bench_memory_paths,
+    bench_replay_bytes,
+    bench_sampling,
+)
 from rllib_amp.bench.command import build_parser, main, run
 from rllib_amp.bench.figures import bench_end_to_end, bench_memory, bench_parity, bench_throughput
 from rllib_amp.bench.harness import in_child
-from rllib_amp.bench.report import check_outputs, machine_description, markdown, rows_from
+from rllib_amp.bench.report import (
+    check_outputs,
+    machine_description,
+    markdown,
+    markdown_targets,
+    rows_from,
+    targets,
+)
 from rllib_amp.bench.workloads import WORKLOADS, algo_config, build_learner, collect_data, update_fn
 
 __all__ = [
     "WORKLOADS",
     "algo_config",
     "bench_end_to_end",
+    "bench_end_to_end_paths",
+    "bench_memory_paths",
+    "bench_replay_bytes",
+    "bench_sampling",
     "bench_memory",
     "bench_parity",
     "bench_throughput",
@@ -50,7 +79,9 @@ __all__ = [
     "machine_description",
     "main",
     "markdown",
+    "markdown_targets",
     "rows_from",
     "run",
+    "targets",
     "update_fn",
 ]

@@ -15,11 +15,21 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import rllib_amp.bench.atari_figures as atari_figures
 import rllib_amp.bench.figures as figures
 import rllib_amp.bench.report as report
 from rllib_amp.algorithms import algorithm
+from rllib_amp.atari import NATIVE, WRAPPERS
 from rllib_amp.bench.harness import in_child
-from rllib_amp.bench.workloads import MODELS, VARIANTS_CPU, VARIANTS_GPU, WORKLOADS, collect_data
+from rllib_amp.bench.workloads import (
+    MODELS,
+    PATH_VARIANTS,
+    STOCK,
+    VARIANTS_CPU,
+    VARIANTS_GPU,
+    WORKLOADS,
+    collect_data,
+)
 from rllib_amp.checks import suggest
 from rllib_amp.cli import Parser, UsageError, main_wrapper
 
@@ -78,6 +88,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def atari_paths(algos: Sequence[str], device: str, reps: int, quick: bool) -> dict[str, Any]:
+    """The Atari-path figures (``atari_figures``): RLlib's wrappers vs the native env."""
+    out: dict[str, Any] = {}
+    steps = 1024 if quick else 4096
+    print(f"[bench] sampling, one EnvRunner: wrappers vs native x{reps}", file=sys.stderr)
+    out["sampling"] = atari_figures.bench_sampling(reps, env_steps=steps)
+    iterations = 2 if quick else 6
+    e2e_labels = (STOCK, "fp32 native", "amp native")
+    out["end_to_end_paths"] = {}
+    for algo in ("PPO", "APPO"):
+        print(f"[bench] {algo} Pong end to end, Atari paths", file=sys.stderr)
+        out["end_to_end_paths"][algo] = in_child(
+            atari_figures.bench_end_to_end_paths, algo, e2e_labels, device, iterations
+        )
+    if "DQN" in algos:
+        print("[bench] DQN replay bytes per transition", file=sys.stderr)
+        out["replay_bytes"] = atari_figures.bench_replay_bytes(steps)
+    out["memory_paths"] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for algo in algos:
+            data = {}
+            for pre in (WRAPPERS, NATIVE):
+                data[pre] = os.path.join(tmp, f"{algo}-{pre}.pkl")
+                collect_data(algo, device, data[pre], preprocessing=pre)
+            print(f"[bench] {algo} full: peak memory, Atari paths", file=sys.stderr)
+            out["memory_paths"][f"{algo} full"] = atari_figures.bench_memory_paths(
+                algo, "full", list(PATH_VARIANTS), device, data
+            )
+    return out
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Parses ``argv``, checks every input and output, measures, prints and writes."""
     args = build_parser().parse_args(argv)
@@ -114,6 +155,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     results["end_to_end"] = in_child(
         figures.bench_end_to_end, variants, device, 4 if args.quick else 8
     )
+    results.update(atari_paths(algos, device, reps, args.quick))
     if not args.quick:
         print(f"[bench] CartPole learning parity ({len(PARITY_SEEDS)} seeds)", file=sys.stderr)
         results["parity"] = figures.bench_parity(("fp32", "amp-auto"), PARITY_SEEDS)
@@ -124,6 +166,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         f"interleaved repetitions; {time.time() - started:.0f} s"
     )
     print(report.markdown(rows, header))
+    print()
+    print(report.markdown_targets(report.targets(results)))
     report.write_outputs(rows, results, args.json, args.out)
     return 0
 

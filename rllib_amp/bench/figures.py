@@ -35,7 +35,7 @@ WARMUP_ROUNDS = 2
 E2E_ENVS_PER_RUNNER = 16
 
 
-def _interleaved(variants: Sequence[str], round_no: int) -> list[str]:
+def interleaved(variants: Sequence[str], round_no: int) -> list[str]:
     # Alternate the order, so no variant always runs right after the same other one.
     return list(variants) if round_no % 2 == 0 else list(reversed(variants))
 
@@ -53,7 +53,7 @@ def bench_throughput(
             run()  # warm-up: lazy state, allocator, oneDNN / cuDNN kernel choice
     times: dict[str, list[float]] = {v: [] for v in variants}
     for rep in range(reps):
-        for v in _interleaved(variants, rep):
+        for v in interleaved(variants, rep):
             times[v].append(runs[v]())
     return {v: [n / t for t in ts] for v, ts in times.items()}
 
@@ -68,15 +68,27 @@ def throughput_cell(
 
 
 # -- figure 2: memory -------------------------------------------------------------------------
-def memory_one(algo: str, model: str, variant: str, device: str, data_path: str) -> float:
-    """Peak bytes of one update of one variant (run in its own fresh process)."""
+def memory_one(
+    algo: str,
+    model: str,
+    variant: str,
+    device: str,
+    data_path: str,
+    preprocessing: str | None = None,
+) -> float:
+    """Peak bytes of one update of one variant (run in its own fresh process).
+
+    ``preprocessing``: the Atari path the batch at ``data_path`` was sampled on.
+    """
     import torch
 
     with open(data_path, "rb") as f:
         data = pickle.load(f)
     # Every variant under glibc's allocator defaults: a heap that keeps freed blocks
     # (rllib_amp.malloc) would make the update's peak look smaller than it is.
-    learner = build_learner(algo, model, variant, device, data["spaces"], tune_malloc=False)
+    learner = build_learner(
+        algo, model, variant, device, data["spaces"], tune_malloc=False, preprocessing=preprocessing
+    )
     run = update_fn(algo, learner, data["episodes"])
     if device == "cuda":
         run()
@@ -104,21 +116,33 @@ def bench_end_to_end(
     variants: Sequence[str], device: str, iterations: int, model: str = "full"
 ) -> dict[str, list[float]]:
     """Env steps/s of whole PPO training iterations on Pong, interleaved across variants."""
-    algos = {}
+    configs = {}
     for v in variants:
         cfg = algo_config("PPO", model, v, device)
         cfg.env_runners(num_envs_per_env_runner=E2E_ENVS_PER_RUNNER)
-        algos[v] = cfg.build_algo()
+        configs[v] = cfg
+    return train_interleaved(configs, iterations)
+
+
+def train_interleaved(
+    configs: Mapping[str, Any], iterations: int, warmup: int = WARMUP_ROUNDS
+) -> dict[str, list[float]]:
+    """Env steps/s of each config's training iterations after ``warmup`` untimed ones, the
+    configs' algorithms built side by side in this process and trained in turns."""
+    algos: dict[str, Any] = {}
+    variants = list(configs)
     rates: dict[str, list[float]] = {v: [] for v in variants}
     try:
-        for it in range(WARMUP_ROUNDS + iterations):
-            for v in _interleaved(variants, it):
+        for name, cfg in configs.items():
+            algos[name] = cfg.build_algo()
+        for it in range(warmup + iterations):
+            for v in interleaved(variants, it):
                 t = time.perf_counter()
                 result = algos[v].train()
                 dt = time.perf_counter() - t
                 steps = result["env_runners"]["num_env_steps_sampled"]
-                if it >= WARMUP_ROUNDS:  # the first iterations build and warm everything
-                    rates[v].append(steps / dt)
+                if it >= warmup:  # the first iterations build and warm everything
+                    rates[v].append(float(steps / dt))
     finally:
         for a in algos.values():
             a.stop()

@@ -14,9 +14,11 @@ import os
 import platform
 import statistics
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
+from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
+from rllib_amp.bench.workloads import STOCK
 from rllib_amp.cli import UsageError
 from rllib_amp.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpuinfo
 
@@ -61,11 +63,20 @@ def machine_description(device: str) -> str:
 
 # -- rows and the table -----------------------------------------------------------------------
 def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Flat rows: one per (figure, workload, variant), with the ratio to fp32."""
+    """Flat rows: one per (figure, workload, variant), with the ratio to the figure's stock
+    RLlib float32 variant (``reference``: ``fp32``, or ``fp32 wrappers`` in the Atari-path
+    figures, ``wrappers`` in the sampling one)."""
     rows: list[dict[str, Any]] = []
 
-    def add(figure: str, workload: str, unit: str, per_variant: dict[str, float], higher: bool):
-        ref = per_variant.get("fp32")
+    def add(
+        figure: str,
+        workload: str,
+        unit: str,
+        per_variant: dict[str, float],
+        higher: bool,
+        reference: str = "fp32",
+    ):
+        ref = per_variant.get(reference)
         for v, value in per_variant.items():
             rows.append(
                 {
@@ -76,6 +87,7 @@ def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "unit": unit,
                     "ratio_to_fp32": value / ref if ref else math.nan,
                     "better_is": "higher" if higher else "lower",
+                    "reference": reference,
                 }
             )
 
@@ -90,6 +102,44 @@ def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
             "env steps/s",
             {v: _median(x) for v, x in results["end_to_end"].items()},
             True,
+        )
+    if results.get("sampling"):
+        add(
+            "sampling, one EnvRunner",
+            f"ALE/Pong-v5, {E2E_ENVS_PER_RUNNER} envs, inference included",
+            "env steps/s",
+            {v: _median(x) for v, x in results["sampling"].items()},
+            True,
+            "wrappers",
+        )
+    for algo, per in results.get("end_to_end_paths", {}).items():
+        add(
+            "end to end, Atari paths",
+            f"{algo} ALE/Pong-v5 full",
+            "env steps/s",
+            {v: _median(x) for v, x in per.items()},
+            True,
+            STOCK,
+        )
+    if results.get("replay_bytes"):
+        per = results["replay_bytes"]
+        for part in ("all", "observations"):
+            add(
+                "DQN replay bytes per transition",
+                f"ALE/Pong-v5, {part}",
+                "bytes",
+                {v: x[part] for v, x in per.items()},
+                False,
+                STOCK,
+            )
+    for key, per in results.get("memory_paths", {}).items():
+        add(
+            "peak memory of update, Atari paths",
+            key,
+            "MiB",
+            {v: x / 2**20 for v, x in per.items()},
+            False,
+            STOCK,
         )
     for algo, per in results.get("parity", {}).items():
         add(
@@ -107,7 +157,7 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     lines = [
         header,
         "",
-        "| figure | workload | variant | value | x fp32 |",
+        "| figure | workload | variant | value | x stock fp32 |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
@@ -115,6 +165,100 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
         shown = f"{value:,.1f} {r['unit']}" if math.isfinite(value) else "-"
         ratio = f"{r['ratio_to_fp32']:.2f}x" if math.isfinite(r["ratio_to_fp32"]) else "-"
         lines.append(f"| {r['figure']} | {r['workload']} | {r['variant']} | {shown} | {ratio} |")
+    return "\n".join(lines)
+
+
+# -- targets ----------------------------------------------------------------------------------
+class Target(NamedTuple):
+    """One of the issue's targets: ``measured`` (a ratio of two figures of one run) against
+    ``bound``; ``at_most``: the ratio must be <= bound (< when ``strict``), else >=."""
+
+    name: str
+    measured: Callable[[dict[str, Any]], float]
+    bound: float
+    at_most: bool
+    strict: bool = False
+
+    def check(self, results: dict[str, Any]) -> dict[str, Any]:
+        """The target's row: the measured ratio and whether it is met (None: not measured)."""
+        try:
+            ratio = float(self.measured(results))
+        except (KeyError, TypeError, ZeroDivisionError):
+            ratio = math.nan
+        if not math.isfinite(ratio):
+            met = None
+        elif self.at_most:
+            met = ratio < self.bound if self.strict else ratio <= self.bound
+        else:
+            met = ratio > self.bound if self.strict else ratio >= self.bound
+        op = ("<" if self.strict else "<=") if self.at_most else (">" if self.strict else ">=")
+        return {
+            "target": self.name,
+            "ratio": ratio,
+            "required": f"{op} {self.bound:.3g}",
+            "met": met,
+        }
+
+
+def _med_ratio(section: str, num: str, den: str, algo: str | None = None) -> Callable:
+    def ratio(results: dict[str, Any]) -> float:
+        per = results[section] if algo is None else results[section][algo]
+        return _median(per[num]) / _median(per[den])
+
+    return ratio
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "sampling, native / wrappers env steps/s",
+        _med_ratio("sampling", "native", "wrappers"),
+        3.0,
+        at_most=False,
+    ),
+    Target(
+        "end-to-end PPO Pong, amp native / stock fp32 wrappers env steps/s",
+        _med_ratio("end_to_end_paths", "amp native", STOCK, "PPO"),
+        2.5,
+        at_most=False,
+    ),
+    Target(
+        "DQN replay bytes per transition, uint8 / float32",
+        lambda r: r["replay_bytes"]["fp32 native"]["all"] / r["replay_bytes"][STOCK]["all"],
+        1 / 3.5,
+        at_most=True,
+    ),
+    Target(
+        # "Today's AMP figure": AMP's update on float32 observations, as before the native
+        # path, measured in the same run rather than copied from an older one.
+        "PPO update peak memory, amp native / amp wrappers",
+        lambda r: (
+            r["memory_paths"]["PPO full"]["amp native"]
+            / r["memory_paths"]["PPO full"]["amp wrappers"]
+        ),
+        1.0,
+        at_most=True,
+        strict=True,
+    ),
+)
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each of ``TARGETS`` with its ratio measured in ``results`` and met / not met.
+
+    Example:
+        >>> [t["met"] for t in targets({"sampling": {"native": [6.0], "wrappers": [2.0]}})][:2]
+        [True, None]
+    """
+    return [t.check(results) for t in TARGETS]
+
+
+def markdown_targets(rows: list[dict[str, Any]]) -> str:
+    """The target rows as a markdown table."""
+    lines = ["| target | measured ratio | required | met |", "|---|---|---|---|"]
+    for t in rows:
+        ratio = f"{t['ratio']:.3f}" if math.isfinite(t["ratio"]) else "-"
+        met = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['target']} | {ratio} | {t['required']} | {met} |")
     return "\n".join(lines)
 
 
@@ -187,7 +331,12 @@ def write_outputs(
     """Writes the JSON file and the ``--out`` folder's parquet table and ratio plot."""
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
-            json.dump({"rows": rows, "raw": results}, f, indent=1, default=float)
+            json.dump(
+                {"rows": rows, "targets": targets(results), "raw": results},
+                f,
+                indent=1,
+                default=float,
+            )
     if not out_dir:
         return
     import pyarrow as pa
@@ -202,11 +351,13 @@ def write_outputs(
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    shown = [r for r in rows if r["variant"] != "fp32" and math.isfinite(r["ratio_to_fp32"])]
+    shown = [
+        r for r in rows if r["variant"] != r["reference"] and math.isfinite(r["ratio_to_fp32"])
+    ]
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(shown) + 1.5))
     labels = [f"{r['figure']}: {r['workload']} [{r['variant']}]" for r in shown]
     ax.barh(labels, [r["ratio_to_fp32"] for r in shown])
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("ratio to stock RLlib float32")
+    ax.set_xlabel("ratio to stock RLlib float32 (the figure's reference variant)")
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, PLOT_NAME), dpi=120)

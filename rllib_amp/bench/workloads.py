@@ -18,12 +18,33 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
+from rllib_amp.atari import NATIVE, PREPROCESSING_KEY, WRAPPERS
 
 VARIANTS_CPU = ("fp32", "rllib-scaler", "amp-auto")
 VARIANTS_GPU = ("fp32", "rllib-scaler", "amp-auto", "amp-fp16", "amp-bf16")
 # rllib-amp variant -> AmpSettings.dtype
 AMP_DTYPES = {"amp-auto": "auto", "amp-fp16": "float16", "amp-bf16": "bfloat16"}
 MODELS = ("mini", "full", "high")
+
+
+class PathVariant(NamedTuple):
+    """A variant of the Atari-path figures: a ``VARIANTS_*`` entry on one Atari path."""
+
+    variant: str
+    preprocessing: str
+
+
+# The Atari-path figures' variants. "fp32 wrappers" is stock RLlib as it ships (float32 model,
+# RLlib's Python Atari wrappers, float32 observations): the reference of their ratios.
+# "fp32 native" isolates what the env path and uint8 buy; "amp native" is all of rllib-amp;
+# "amp wrappers" is AMP on float32 observations, the AMP figure before the native path.
+STOCK = "fp32 wrappers"
+PATH_VARIANTS: dict[str, PathVariant] = {
+    STOCK: PathVariant("fp32", WRAPPERS),
+    "amp wrappers": PathVariant("amp-auto", WRAPPERS),
+    "fp32 native": PathVariant("fp32", NATIVE),
+    "amp native": PathVariant("amp-auto", NATIVE),
+}
 ENV_ID = "ALE/Pong-v5"
 LR = 1e-4
 
@@ -118,6 +139,7 @@ def algo_config(
     training: Mapping[str, Any] | None = None,
     seed: int | None = None,
     tune_malloc: bool = True,
+    preprocessing: str | None = None,
 ) -> Any:
     """The RLlib config of one benchmark cell.
 
@@ -126,7 +148,8 @@ def algo_config(
     process-wide, which also fills every new tensor (about 12% of a bf16 PPO update); the
     speed figures measure normal training. ``tune_malloc=False`` keeps glibc's allocator
     defaults in the AMP variants (the memory figure: a heap that keeps freed blocks would hide
-    the update's peak).
+    the update's peak). ``preprocessing`` picks an Atari env's path (``atari.NATIVE``, the
+    default, or ``atari.WRAPPERS``: RLlib's float32 wrappers and its stock RLModule).
 
     Example:
         >>> cfg = algo_config("PPO", "mini", "amp-auto", "cpu", env="CartPole-v1")
@@ -138,7 +161,9 @@ def algo_config(
     from rllib_amp import envs, models, with_amp
 
     cfg = algorithm(algo).config_class()
-    envs.configure_env(cfg, env, {})
+    envs.configure_env(
+        cfg, env, {} if preprocessing is None else {PREPROCESSING_KEY: preprocessing}
+    )
     cfg.env_runners(num_env_runners=0)
     cfg.rl_module(model_config=models.model_config(model, image=envs.is_atari(env)))
     cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)
@@ -154,14 +179,18 @@ def algo_config(
     return cfg
 
 
-def collect_data(algo: str, device: str, path: str) -> None:
-    """Samples one fixed training batch (as episodes) from Pong and pickles it to ``path``."""
+def collect_data(algo: str, device: str, path: str, preprocessing: str | None = None) -> None:
+    """Samples one fixed training batch (as episodes) from Pong and pickles it to ``path``.
+
+    ``preprocessing``: the Atari path (see ``algo_config``); its observations are what the
+    batch holds (uint8 on the native path, float32 on the wrappers).
+    """
     import torch
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     work = WORKLOADS[algo]
     batch = work.batch[device]
-    cfg = algo_config(algo, "mini", "fp32", device, seed=0)
+    cfg = algo_config(algo, "mini", "fp32", device, seed=0, preprocessing=preprocessing)
     deterministic = torch.are_deterministic_algorithms_enabled()
     runner = SingleAgentEnvRunner(config=cfg)
     # The seeded runner switched torch's deterministic mode on for the whole process.
@@ -186,13 +215,22 @@ def collect_data(algo: str, device: str, path: str) -> None:
 
 
 def build_learner(
-    algo: str, model: str, variant: str, device: str, spaces: Any, *, tune_malloc: bool = True
+    algo: str,
+    model: str,
+    variant: str,
+    device: str,
+    spaces: Any,
+    *,
+    tune_malloc: bool = True,
+    preprocessing: str | None = None,
 ) -> Any:
     """The learner of one cell, with the same initial weights for every variant."""
     import torch
 
     torch.manual_seed(0)
-    cfg = algo_config(algo, model, variant, device, tune_malloc=tune_malloc)
+    cfg = algo_config(
+        algo, model, variant, device, tune_malloc=tune_malloc, preprocessing=preprocessing
+    )
     return cfg.build_learner(spaces=spaces)
 
 

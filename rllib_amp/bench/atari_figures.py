@@ -1,0 +1,232 @@
+"""The Atari-path figures: what ALE's native vector env and uint8 observations buy.
+
+Each compares RLlib's Python Atari wrappers (float32 observations) with the native path
+(uint8), in the same run as the AMP figures (``figures``):
+
+  - sampling: env steps/s of one EnvRunner with 16 envs, inference included, each
+    repetition of each path in a fresh process, the paths interleaved;
+  - end to end: env steps/s of PPO (and APPO, reported) training on Pong, the
+    ``PATH_VARIANTS`` side by side in one process;
+  - replay bytes: numpy bytes a DQN replay buffer holds per stored transition;
+  - peak memory of a learner update per ``PATH_VARIANTS`` entry (``figures.memory_one``).
+
+``report.targets`` turns them into the issue's ratios.
+
+Example:
+    >>> bench_sampling(2, measure=lambda path, *a: 3.0 if path == "native" else 1.0)
+    {'wrappers': [1.0, 1.0], 'native': [3.0, 3.0]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rllib_amp.atari import NATIVE, WRAPPERS
+from rllib_amp.bench.figures import (
+    E2E_ENVS_PER_RUNNER,
+    WARMUP_ROUNDS,
+    interleaved,
+    memory_one,
+    train_interleaved,
+)
+from rllib_amp.bench.harness import in_child
+from rllib_amp.bench.workloads import LR, PATH_VARIANTS, WORKLOADS, algo_config
+
+SAMPLING_PATHS = (WRAPPERS, NATIVE)
+# APPO end to end: RLlib's own default batch is 500 per learner; the same 1024 as PPO's CPU
+# workload keeps the two rows comparable.
+APPO_TRAINING: dict[str, Any] = {"train_batch_size_per_learner": 1024, "lr": LR}
+
+
+# -- sampling ---------------------------------------------------------------------------------
+def sampling_one(preprocessing: str, num_envs: int, env_steps: int, model: str) -> float:
+    """Env steps/s of one EnvRunner sampling Pong on ``preprocessing`` (for ``in_child``)."""
+    from rllib_amp.sampling import measure_sampling, sampling_config
+
+    cfg = sampling_config(preprocessing, num_envs=num_envs, model=model)
+    return measure_sampling(cfg, env_steps=env_steps, warmup_steps=min(512, env_steps)).steps_per_s
+
+
+def bench_sampling(
+    reps: int,
+    *,
+    num_envs: int = E2E_ENVS_PER_RUNNER,
+    env_steps: int = 4096,
+    model: str = "full",
+    measure: Callable[..., float] | None = None,
+) -> dict[str, list[float]]:
+    """Env steps/s per path (``wrappers``, ``native``), ``reps`` each, interleaved.
+
+    ``measure(path, num_envs, env_steps, model)`` defaults to ``sampling_one`` in a fresh
+    child process: one path's env threads and heap never share a process with the other's.
+    """
+
+    def fresh(*args: Any) -> float:
+        return float(in_child(sampling_one, *args))
+
+    run = measure or fresh
+    out: dict[str, list[float]] = {p: [] for p in SAMPLING_PATHS}
+    for rep in range(reps):
+        for path in interleaved(SAMPLING_PATHS, rep):
+            out[path].append(run(path, num_envs, env_steps, model))
+    return out
+
+
+# -- end to end -------------------------------------------------------------------------------
+def path_configs(
+    algo: str,
+    labels: Sequence[str],
+    device: str,
+    *,
+    model: str = "full",
+    num_envs: int = E2E_ENVS_PER_RUNNER,
+    training: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The training config of each ``PATH_VARIANTS`` label, one local EnvRunner each."""
+    if training is None and algo == "APPO":
+        training = APPO_TRAINING
+    out = {}
+    for label in labels:
+        pv = PATH_VARIANTS[label]
+        cfg = algo_config(
+            algo, model, pv.variant, device, training=training, preprocessing=pv.preprocessing
+        )
+        cfg.env_runners(num_envs_per_env_runner=num_envs)
+        # APPO defaults to one remote learner of one CPU: several of them side by side do not
+        # fit a 2-core machine's Ray (the third waits forever), and a remote one would add
+        # Ray's transfers that PPO's and DQN's rows do not have. The local learner, as theirs.
+        cfg.learners(num_learners=0)
+        out[label] = cfg
+    return out
+
+
+def bench_end_to_end_paths(
+    algo: str,
+    labels: Sequence[str],
+    device: str,
+    iterations: int,
+    *,
+    model: str = "full",
+    num_envs: int = E2E_ENVS_PER_RUNNER,
+    training: Mapping[str, Any] | None = None,
+    warmup: int = WARMUP_ROUNDS,
+) -> dict[str, list[float]]:
+    """Env steps/s of ``algo``'s training iterations on Pong per label, interleaved."""
+    configs = path_configs(algo, labels, device, model=model, num_envs=num_envs, training=training)
+    return train_interleaved(configs, iterations, warmup)
+
+
+# -- replay bytes -----------------------------------------------------------------------------
+def numpy_bytes(obj: Any) -> int:
+    """Bytes of the numpy arrays ``obj`` holds: through episodes, RLlib's lookback buffers,
+    dicts, lists and tuples; each array counted once.
+
+    Example:
+        >>> import numpy as np
+        >>> a = np.zeros(10, np.uint8)
+        >>> numpy_bytes({"x": [a, a], "y": np.zeros(2, np.float32)})
+        18
+    """
+    import numpy as np
+
+    seen: set[int] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, np.ndarray):
+            total += item.nbytes
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif type(item).__module__.startswith("ray.rllib"):
+            stack.extend(_attributes(item))
+    return total
+
+
+def _attributes(item: Any) -> list[Any]:
+    # RLlib's episodes keep their fields in __slots__, its lookback buffers in __dict__.
+    out = list(getattr(item, "__dict__", {}).values())
+    for cls in type(item).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if hasattr(item, name) and name != "__dict__":
+                out.append(getattr(item, name))
+    return out
+
+
+def replay_bytes_one(
+    preprocessing: str, transitions: int, num_envs: int = E2E_ENVS_PER_RUNNER
+) -> dict[str, float]:
+    """Bytes per stored transition of the DQN config's replay buffer on ``preprocessing``.
+
+    Samples ``transitions`` random-action env steps, adds them to the replay buffer class the
+    DQN config names, and counts the numpy bytes its episodes hold: ``all`` (observations,
+    actions, rewards, ...) and ``observations`` alone, each per stored transition.
+    """
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+    from ray.rllib.utils import replay_buffers
+
+    cfg = algo_config("DQN", "mini", "fp32", "cpu", preprocessing=preprocessing)
+    cfg.env_runners(num_envs_per_env_runner=num_envs)
+    settings = dict(cfg.replay_buffer_config)
+    cls = settings.pop("type")
+    if isinstance(cls, str):
+        cls = getattr(replay_buffers, cls)
+    settings["capacity"] = max(int(settings.get("capacity", 0)), 2 * transitions)
+    buffer = cls(**settings)
+    runner = SingleAgentEnvRunner(config=cfg)
+    try:
+        buffer.add(runner.sample(num_timesteps=transitions, random_actions=True))
+    finally:
+        runner.stop()
+    stored = buffer.get_num_timesteps()
+    episodes = list(buffer.episodes)
+    obs = [getattr(e, "observations", None) for e in episodes]
+    return {
+        "all": numpy_bytes(episodes) / stored,
+        "observations": numpy_bytes(obs) / stored,
+        "transitions": float(stored),
+    }
+
+
+def bench_replay_bytes(
+    transitions: int, measure: Callable[..., dict[str, float]] | None = None
+) -> dict[str, dict[str, float]]:
+    """``replay_bytes_one`` per path (``fp32 wrappers``: float32, ``fp32 native``: uint8),
+    each in a fresh child process unless ``measure`` stands in for it."""
+    out = {}
+    for label in ("fp32 wrappers", "fp32 native"):
+        pre = PATH_VARIANTS[label].preprocessing
+        out[label] = (
+            measure(pre, transitions) if measure else in_child(replay_bytes_one, pre, transitions)
+        )
+    return out
+
+
+# -- learner memory ---------------------------------------------------------------------------
+def bench_memory_paths(
+    algo: str,
+    model: str,
+    labels: Sequence[str],
+    device: str,
+    data_paths: Mapping[str, str],
+    measure: Callable[..., float] | None = None,
+) -> dict[str, float]:
+    """Peak bytes of one ``algo`` update per label, each in a fresh child process.
+
+    ``data_paths``: Atari path -> the batch sampled on it (``workloads.collect_data``).
+    """
+    if algo not in WORKLOADS:
+        raise ValueError(f"bench: algo {algo!r} has no workload; allowed: {list(WORKLOADS)}")
+    out = {}
+    for label in labels:
+        pv = PATH_VARIANTS[label]
+        args = (algo, model, pv.variant, device, data_paths[pv.preprocessing], pv.preprocessing)
+        out[label] = float(measure(*args) if measure else in_child(memory_one, *args))
+    return out

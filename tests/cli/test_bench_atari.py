@@ -1,0 +1,173 @@
+"""The bench's Atari-path figures (RLlib's wrappers vs ALE's native env and uint8): their
+configs, tiny real measurements, the rows, and the targets as ratios of measured numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rllib_amp.atari import NATIVE, WRAPPERS
+from rllib_amp.bench import atari_figures, command, report, workloads
+from rllib_amp.bench.workloads import PATH_VARIANTS, STOCK
+
+
+def test_sampling_runs_each_path_per_rep_interleaved_and_keeps_every_measurement():
+    calls = []
+
+    def fake(path, num_envs, env_steps, model):
+        calls.append(path)
+        return {WRAPPERS: 100.0, NATIVE: 350.0}[path] + len(calls)
+
+    out = atari_figures.bench_sampling(3, env_steps=64, model="mini", measure=fake)
+    assert calls == [WRAPPERS, NATIVE, NATIVE, WRAPPERS, WRAPPERS, NATIVE]
+    assert out == {WRAPPERS: [101.0, 104.0, 105.0], NATIVE: [352.0, 353.0, 356.0]}
+    (row_w, row_n) = report.rows_from({"sampling": out})
+    assert row_w["variant"] == WRAPPERS and row_w["ratio_to_fp32"] == 1.0
+    assert row_n["ratio_to_fp32"] == pytest.approx(353.0 / 104.0)
+    (sampling, *_) = report.targets({"sampling": out})
+    assert sampling["ratio"] == pytest.approx(353.0 / 104.0) and sampling["met"] is True
+
+
+def _results(sampling=(1.0, 3.5), e2e=(10.0, 24.0), replay=(4.0, 1.0), memory=(100.0, 90.0)):
+    return {
+        "sampling": {WRAPPERS: [sampling[0]], NATIVE: [sampling[1]]},
+        "end_to_end_paths": {
+            "PPO": {STOCK: [e2e[0], e2e[0]], "fp32 native": [15.0], "amp native": [e2e[1]]},
+            "APPO": {STOCK: [5.0], "amp native": [50.0]},
+        },
+        "replay_bytes": {
+            STOCK: {"all": replay[0], "observations": replay[0]},
+            "fp32 native": {"all": replay[1], "observations": replay[1]},
+        },
+        "memory_paths": {
+            "PPO full": {STOCK: 200.0, "amp wrappers": memory[0], "amp native": memory[1]}
+        },
+    }
+
+
+def test_targets_are_ratios_of_the_measured_numbers_with_met_or_not():
+    met = {t["target"]: t for t in report.targets(_results())}
+    ratios = [t["ratio"] for t in met.values()]
+    assert ratios == pytest.approx([3.5, 2.4, 0.25, 0.9])
+    assert [t["met"] for t in met.values()] == [True, False, True, True]
+    # Bounds: >= 3, >= 2.5, <= 1/3.5, < 1 (equal memory is not "below").
+    edge = report.targets(_results(sampling=(1.0, 3.0), replay=(3.5, 1.0), memory=(90.0, 90.0)))
+    assert [t["met"] for t in edge] == [True, False, True, False]
+    table = report.markdown_targets(report.targets(_results()))
+    assert table.count("NOT MET") == 1 and "2.400" in table
+
+
+def test_targets_without_their_figure_are_not_measured_not_failed():
+    out = report.targets({"sampling": {WRAPPERS: [2.0], NATIVE: [7.0]}})
+    assert out[0]["met"] is True and out[0]["ratio"] == pytest.approx(3.5)
+    assert [t["met"] for t in out[1:]] == [None, None, None]
+    assert all(math.isnan(t["ratio"]) for t in out[1:])
+    assert report.markdown_targets(out).count("not measured") == 3
+
+
+def test_rows_of_the_atari_figures_take_stock_wrappers_as_reference():
+    rows = report.rows_from(_results())
+    by = {(r["figure"], r["workload"], r["variant"]): r for r in rows}
+    ppo = by[("end to end, Atari paths", "PPO ALE/Pong-v5 full", "amp native")]
+    assert ppo["reference"] == STOCK and ppo["ratio_to_fp32"] == pytest.approx(2.4)
+    appo = by[("end to end, Atari paths", "APPO ALE/Pong-v5 full", "amp native")]
+    assert appo["ratio_to_fp32"] == pytest.approx(10.0)
+    replay = by[("DQN replay bytes per transition", "ALE/Pong-v5, all", "fp32 native")]
+    assert replay["ratio_to_fp32"] == pytest.approx(0.25) and replay["better_is"] == "lower"
+    mem = by[("peak memory of update, Atari paths", "PPO full", "amp native")]
+    assert mem["value"] == pytest.approx(90.0 / 2**20) and mem["ratio_to_fp32"] == 0.45
+    assert report.markdown(rows, "h").count("\n") == len(rows) + 3
+
+
+def test_path_variants_build_the_configs_they_name():
+    from rllib_amp.algorithms import algorithm
+    from rllib_amp.atari import AleVectorEnv
+    from rllib_amp.envs import AtariEnv
+
+    record = algorithm("PPO")
+    cfgs = atari_figures.path_configs("PPO", list(PATH_VARIANTS), "cpu", model="mini", num_envs=2)
+    assert cfgs[STOCK].env is AtariEnv and cfgs[STOCK].learner_class is record.learner
+    assert cfgs["amp wrappers"].env is AtariEnv
+    assert cfgs["amp wrappers"].learner_class is record.amp_learner
+    assert cfgs["fp32 native"].env is AleVectorEnv
+    assert cfgs["fp32 native"].learner_class is record.learner
+    assert cfgs["amp native"].env is AleVectorEnv
+    assert cfgs["amp native"].learner_class is record.amp_learner
+    assert all(c.num_envs_per_env_runner == 2 for c in cfgs.values())
+    appo = atari_figures.path_configs("APPO", [STOCK], "cpu", model="mini")
+    assert appo[STOCK].train_batch_size_per_learner == 1024
+    # Local learners: APPO's default remote one (1 CPU each) would leave the third waiting.
+    assert appo[STOCK].num_learners == 0 and cfgs[STOCK].num_learners == 0
+
+
+def test_memory_paths_give_each_label_its_variant_and_its_paths_batch():
+    seen = []
+
+    def fake(algo, model, variant, device, data_path, preprocessing):
+        seen.append((variant, data_path, preprocessing))
+        return len(seen) * 1.0
+
+    data = {WRAPPERS: "w.pkl", NATIVE: "n.pkl"}
+    out = atari_figures.bench_memory_paths("PPO", "mini", list(PATH_VARIANTS), "cpu", data, fake)
+    assert out == {STOCK: 1.0, "amp wrappers": 2.0, "fp32 native": 3.0, "amp native": 4.0}
+    assert seen == [
+        ("fp32", "w.pkl", WRAPPERS),
+        ("amp-auto", "w.pkl", WRAPPERS),
+        ("fp32", "n.pkl", NATIVE),
+        ("amp-auto", "n.pkl", NATIVE),
+    ]
+    with pytest.raises(ValueError, match="APPO"):
+        atari_figures.bench_memory_paths("APPO", "mini", [STOCK], "cpu", data, fake)
+
+
+def test_numpy_bytes_counts_each_array_once():
+    a = np.zeros((3, 4), np.float32)
+    assert atari_figures.numpy_bytes([a, {"b": a}, (a,)]) == 48
+    assert atari_figures.numpy_bytes({"x": np.zeros(5, np.uint8), "y": "text"}) == 5
+
+
+def test_replay_buffer_holds_a_quarter_of_the_bytes_on_the_native_path():
+    """Real buffers, a few steps: the DQN config's replay buffer on each path."""
+    wrappers = atari_figures.replay_bytes_one(WRAPPERS, 64, num_envs=2)
+    native = atari_figures.replay_bytes_one(NATIVE, 64, num_envs=2)
+    for out in (wrappers, native):
+        assert out["transitions"] >= 64
+        assert out["observations"] <= out["all"]
+    frame = 84 * 84 * 4
+    # Each episode also holds its last observation: a little over one per transition.
+    assert 4 * frame <= wrappers["observations"] < 4 * frame * 1.2
+    assert frame <= native["observations"] < frame * 1.2
+    assert native["all"] / wrappers["all"] <= 1 / 3.5
+
+
+def test_sampling_one_measures_a_real_runner():
+    assert atari_figures.sampling_one(NATIVE, 2, 64, "mini") > 0
+
+
+def test_end_to_end_paths_train_every_label_on_tiny_settings():
+    training = {"train_batch_size_per_learner": 64, "minibatch_size": 32, "num_epochs": 1}
+    labels = [STOCK, "amp native"]
+    out = atari_figures.bench_end_to_end_paths(
+        "PPO", labels, "cpu", 1, model="mini", num_envs=2, training=training, warmup=0
+    )
+    assert list(out) == labels and all(len(v) == 1 and v[0] > 0 for v in out.values())
+
+
+def test_command_runs_every_atari_figure_and_keys_them_for_the_targets(monkeypatch):
+    calls = []
+    monkeypatch.setattr(command, "collect_data", lambda *a, **k: calls.append(("data", k)))
+    monkeypatch.setattr(command, "in_child", lambda fn, *a: {"fake": [1.0]})
+    monkeypatch.setattr(command.atari_figures, "bench_sampling", lambda reps, **k: {"r": reps})
+    monkeypatch.setattr(command.atari_figures, "bench_replay_bytes", lambda n: {"n": n})
+    monkeypatch.setattr(
+        command.atari_figures, "bench_memory_paths", lambda algo, *a: {"labels": a[1]}
+    )
+    out = command.atari_paths(["PPO", "DQN"], "cpu", 3, quick=True)
+    assert out["sampling"] == {"r": 3} and out["replay_bytes"] == {"n": 1024}
+    assert sorted(out["end_to_end_paths"]) == ["APPO", "PPO"]
+    assert sorted(out["memory_paths"]) == ["DQN full", "PPO full"]
+    assert out["memory_paths"]["PPO full"]["labels"] == list(workloads.PATH_VARIANTS)
+    assert [k["preprocessing"] for _, k in calls] == [WRAPPERS, NATIVE] * 2
+    assert "replay_bytes" not in command.atari_paths(["PPO"], "cpu", 1, quick=True)
