@@ -60,7 +60,7 @@ def main() -> int:
 
         trial_nodes = {
             a.node_id
-            for a in list_actors(filters=[("class_name", "=", "PPO")], detail=True, limit=1000)
+            for a in list_actors(filters=[("class_name", "=", "AmpPPO")], detail=True, limit=1000)
         }
         print(
             "VERDICT "

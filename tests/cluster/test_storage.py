@@ -170,7 +170,7 @@ def test_node_local_storage_exits_2_before_any_trial(cluster, tmp_path):
     assert "Traceback" not in err
     # Nothing started, nothing left behind: no experiment folder, no marker.
     assert sorted(os.listdir(cluster["private"])) == before
-    assert cluster["keeper"].ask("actors PPO") == []
+    assert cluster["keeper"].ask("actors AmpPPO") == []
     assert time.time() - start < 240
 
 
@@ -270,7 +270,7 @@ def test_s3_sweep_on_the_cluster_resumes_from_the_bucket_with_exact_scaler_state
 
     # The trials ran on the workers (the head has no CPUs), the one with a disk of its own
     # included.
-    nodes = set(cluster["keeper"].ask("actors PPO"))
+    nodes = set(cluster["keeper"].ask("actors AmpPPO"))
     assert nodes and nodes <= {cluster["worker"], cluster["unshared"]}, nodes
     if cluster["unshared"]:
         assert cluster["unshared"] in nodes, (nodes, cluster["unshared"])
