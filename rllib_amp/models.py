@@ -19,31 +19,32 @@ import numpy as np
 import torch
 from torch import nn
 
-# RLlib DefaultModelConfig settings per preset. conv_filters: [out_channels, kernel, stride].
-# "valid" padding as in the Nature CNN: 84 -> 20 -> 9 -> 7. One encoder shared by the policy
-# and value heads (each head has its own hidden layer).
+
+def _nature_cnn(narrow: int, wide: int, hidden: int) -> dict[str, Any]:
+    """The Nature CNN's shape at other widths: 8x8/4, 4x4/2, 3x3/1 convs, one hidden layer.
+
+    conv_filters: [out_channels, kernel, stride, padding]; "valid" padding as in the Nature
+    CNN: 84 -> 20 -> 9 -> 7. One encoder shared by the policy and value heads (each head has
+    its own hidden layer).
+    """
+    return {
+        "conv_filters": [
+            [narrow, 8, 4, "valid"],
+            [wide, 4, 2, "valid"],
+            [wide, 3, 1, "valid"],
+        ],
+        "conv_activation": "relu",
+        "head_fcnet_hiddens": [hidden],
+        "head_fcnet_activation": "relu",
+        "vf_share_layers": True,
+    }
+
+
+# RLlib DefaultModelConfig settings per preset.
 IMAGE_PRESETS: dict[str, dict[str, Any]] = {
-    "mini": {  # ~0.45M parameters
-        "conv_filters": [[16, 8, 4, "valid"], [32, 4, 2, "valid"], [32, 3, 1, "valid"]],
-        "conv_activation": "relu",
-        "head_fcnet_hiddens": [128],
-        "head_fcnet_activation": "relu",
-        "vf_share_layers": True,
-    },
-    "full": {  # Mnih et al. 2015 (the "Nature CNN"), ~3.3M parameters
-        "conv_filters": [[32, 8, 4, "valid"], [64, 4, 2, "valid"], [64, 3, 1, "valid"]],
-        "conv_activation": "relu",
-        "head_fcnet_hiddens": [512],
-        "head_fcnet_activation": "relu",
-        "vf_share_layers": True,
-    },
-    "high": {  # ~10M parameters
-        "conv_filters": [[64, 8, 4, "valid"], [128, 4, 2, "valid"], [128, 3, 1, "valid"]],
-        "conv_activation": "relu",
-        "head_fcnet_hiddens": [768],
-        "head_fcnet_activation": "relu",
-        "vf_share_layers": True,
-    },
+    "mini": _nature_cnn(16, 32, 128),  # ~0.45M parameters
+    "full": _nature_cnn(32, 64, 512),  # Mnih et al. 2015 (the "Nature CNN"), ~3.3M parameters
+    "high": _nature_cnn(64, 128, 768),  # ~10M parameters
 }
 VECTOR_PRESETS: dict[str, dict[str, Any]] = {
     "mini": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
