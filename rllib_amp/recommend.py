@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from rllib_amp import storage as S
+from rllib_amp.checks import is_number
 from rllib_amp.settings import AmpSettings
 
 FILE = "recommended_amp.yaml"
@@ -51,9 +52,7 @@ class Recommendation:
 
 
 def _number(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
+    return float(v) if is_number(v) and math.isfinite(v) else None
 
 
 def recommend(

@@ -24,11 +24,11 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rllib_amp.checkpoint_files import resolve_path
 from rllib_amp.checkpoint_state import AMP_STATE_KEY
 from rllib_amp.log_events import event
 from rllib_amp.scaler import PolicyScaler, saved_scale, seed_scalers
@@ -43,14 +43,6 @@ LEARNER_FOLDERS: tuple[str, ...] = ("learner_group/learner", "learner", "")
 STATE_FILES: tuple[str, ...] = ("state.pkl", "state.msgpack")
 
 
-def _filesystem(path: str) -> tuple[Any, str]:
-    import pyarrow.fs
-
-    if "://" in path:
-        return pyarrow.fs.FileSystem.from_uri(path)
-    return pyarrow.fs.LocalFileSystem(), os.path.abspath(path)
-
-
 def learner_state_file(path: str) -> str | None:
     """The learner state file inside a checkpoint folder (or ``path`` if it is one); None.
 
@@ -60,7 +52,7 @@ def learner_state_file(path: str) -> str | None:
     """
     import pyarrow.fs
 
-    fs, base = _filesystem(path)
+    fs, base = resolve_path(path)
     info = fs.get_file_info(base)
     if info.type == pyarrow.fs.FileType.File:
         return path
@@ -78,7 +70,7 @@ def _checkpoints_inside(path: str) -> list[str]:
     """Names of checkpoint_* folders directly under ``path`` (a Tune trial folder)."""
     import pyarrow.fs
 
-    fs, base = _filesystem(path)
+    fs, base = resolve_path(path)
     try:
         infos = fs.get_file_info(pyarrow.fs.FileSelector(base))
     except OSError:
@@ -91,7 +83,7 @@ def _checkpoints_inside(path: str) -> list[str]:
 
 
 def _load(file: str) -> Any:
-    fs, base = _filesystem(file)
+    fs, base = resolve_path(file)
     with fs.open_input_stream(base) as f:
         data = f.read()
     if file.endswith(".msgpack"):
@@ -116,7 +108,7 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
         ValueError: amp.warm_start.from: '/no/such/checkpoint' does not exist; ...
     """
     where = f"{WHERE}.from"
-    fs, base = _filesystem(path)
+    fs, base = resolve_path(path)
     import pyarrow.fs
 
     if fs.get_file_info(base).type == pyarrow.fs.FileType.NotFound:
@@ -189,7 +181,8 @@ def warm_start_seeds(
             f"warm-start from a float16 run's checkpoint, or drop warm_start"
         )
     known = ", ".join(sorted(scales))
-    ids = None if module_ids is None else list(module_ids)
+    # Sorted: an error names the same first module on every run.
+    ids = None if module_ids is None else sorted(map(str, module_ids))
     if warm.modules is None:
         if ids is None:
             return dict(scales)
