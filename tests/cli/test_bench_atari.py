@@ -13,6 +13,18 @@ from rllib_amp.bench import atari_figures, command, report, workloads
 from rllib_amp.bench.workloads import PATH_VARIANTS, STOCK
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _leave_no_ray_behind():
+    """Building an algorithm in this process starts Ray; stop the one these tests started, so
+    later test files that check the CLI never starts Ray see none running."""
+    import ray
+
+    already = ray.is_initialized()
+    yield
+    if not already and ray.is_initialized():
+        ray.shutdown()
+
+
 def test_sampling_runs_each_path_per_rep_interleaved_and_keeps_every_measurement():
     calls = []
 
