@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import torch
 from ray.rllib.algorithms.appo import APPOConfig
@@ -76,11 +79,26 @@ def train_until_learned(algo_obj, iterations: int = 1, max_tries: int = 200) -> 
     got, result = 0, {}
     for _ in range(max_tries):
         result = algo_obj.train()
-        if set(result.get("learners", {})) - {"__all_modules__"}:
+        # A module entry alone is not enough: APPO's asynchronous learner can report a module
+        # whose window holds no update yet (its counters read nan).
+        if any(
+            _trained(stats)
+            for module_id, stats in result.get("learners", {}).items()
+            if module_id != "__all_modules__"
+        ):
             got += 1
             if got >= iterations:
                 return result
     raise AssertionError(f"no learner results after {max_tries} iterations")
+
+
+def _trained(stats: Any) -> bool:
+    steps = stats.get("num_module_steps_trained") if isinstance(stats, dict) else None
+    try:
+        value = float(steps)  # numpy scalars too
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def weights(algo_obj, module_id: str = "default_policy") -> dict[str, np.ndarray]:
