@@ -10,10 +10,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C.
 EXIT_INTERRUPTED = 130
 
@@ -46,3 +48,24 @@ def main_wrapper(
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def root_error(e: Any) -> str:
+    """The line that says what went wrong, without colour codes: the innermost cause's
+    ``Type: message`` (a trial's RayTaskError wraps the exception raised in the trial)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        inner = getattr(e, "cause", None) or getattr(e, "__cause__", None)
+        if not isinstance(inner, BaseException):
+            break
+        e = inner
+    text = _ANSI.sub("", str(e)).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(e, BaseException):
+        return lines[0] if lines else "-"
+    # A traceback rendered into the message (Ray's) ends with the raising line.
+    typed = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
+    if typed:
+        return typed[-1]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__

@@ -61,13 +61,15 @@ def recommend(
     metric: str,
     base: Mapping[str, Any],
     configs: Mapping[Any, Mapping[str, Any]] | None = None,
+    reached: tuple[float, str] | None = None,
 ) -> Recommendation | None:
     """The recommendation from the summary's ``rows`` (best first); None without a finished
     trial that reported the metric.
 
     ``base``: the experiment's ``amp`` section; a row's ``amp.*`` columns (searched values)
     override it, and ``configs`` (trial_id -> the trial's final AMP block, as PBT may have
-    mutated it) overrides both.
+    mutated it) overrides both. ``reached``: (threshold, the row key of the env steps to it)
+    when the rows are ranked by how soon they reached the stop's target.
     """
     best = next(
         (r for r in rows if r.get("status") == "DONE" and _number(r.get(metric)) is not None),
@@ -91,6 +93,11 @@ def recommend(
         if k not in DROPPED and (k in ALWAYS or v != defaults[k])
     }
     why = f"trial {best.get('trial_id')} had the best {metric} ({_fmt(best[metric])})"
+    if reached is not None and best.get(reached[1]) is not None:
+        why = (
+            f"trial {best.get('trial_id')} reached {metric} >= {reached[0]:g} in the fewest "
+            f"env steps ({_fmt(best[reached[1]])})"
+        )
     if scaling:
         assert scale is not None
         amp["init_scale"] = scale
@@ -106,8 +113,12 @@ def recommend(
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return f"{v:,.0f}"
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}"
     return "-" if v is None else str(v)
 
 
@@ -133,13 +144,16 @@ def amp_blocks(grid: Any, amp_key: Sequence[str]) -> dict[Any, dict[str, Any]]:
 
 def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str) -> None:
     """Prints the recommended ``amp:`` block and the reason, and writes the file."""
+    from rllib_amp import summary
     from rllib_amp.settings import AMP_CONFIG_KEY
 
+    threshold = summary.target(exp)
     rec = recommend(
         rows,
         metric=exp.tune["metric"],
         base=exp.data["amp"],
         configs=amp_blocks(grid, ("learner_config_dict", AMP_CONFIG_KEY)),
+        reached=None if threshold is None else (threshold, summary.target_columns(threshold)[0]),
     )
     if rec is None:
         print("No recommended AMP settings: no trial finished with a metric.")

@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import os
 import re
@@ -35,14 +34,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rllib_amp import loggers, recommend
+from rllib_amp import loggers, recommend, summary
 from rllib_amp import metrics as M
 from rllib_amp import storage as S
-from rllib_amp.cli import EXIT_INTERRUPTED, Parser, UsageError, main_wrapper
-from rllib_amp.settings import AMP_CONFIG_KEY
+from rllib_amp.cli import EXIT_INTERRUPTED, Parser, UsageError, main_wrapper, root_error
+from rllib_amp.summary import (  # noqa: F401 - re-exported: the CLI's summary API
+    MODULE_ID,
+    amp_metric_key,
+    config_path,
+    format_table,
+    summarize,
+    write_parquet,
+)
 
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
-MODULE_ID = "default_policy"
 RESULTS_FILE = "results.parquet"
 # The resolved experiment of the first start, beside results.parquet: --resume compares to it.
 EXPERIMENT_FILE = "experiment.yaml"
@@ -56,8 +61,6 @@ _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
 # HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 3.4, 6.5); type 4 = SETTINGS.
 _HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _HTTP2_SETTINGS = 4
-_TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})(?:_|$)")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
 # then they are missing, and Tune ends the whole sweep when its metric is missing from a
 # result: Pong's first iterations (episodes of thousands of steps) did exactly that.
@@ -156,51 +159,6 @@ def find_config(path: str | None) -> str:
     )
 
 
-# -- trial config <-> dotted keys ------------------------------------------------------------
-def config_path(dotted: str, config: dict[str, Any]) -> tuple[str, ...]:
-    """Where a dotted experiment key lives in a trial's config (``AlgorithmConfig.to_dict()``).
-
-    ``config`` is such a dict: it decides between RLlib's public and underscored names
-    (``train_batch_size_per_learner`` is stored as ``_train_batch_size_per_learner``).
-    """
-    top, _, rest = dotted.partition(".")
-    parts = rest.split(".") if rest else []
-    if top == "amp":
-        return ("learner_config_dict", AMP_CONFIG_KEY, *parts)
-    if top == "env_config":
-        return ("env_config", *parts)
-    if top == "model":
-        return ("_model_config", *parts)
-    if top == "seed":
-        return ("seed",)
-    head = parts[0] if parts else top
-    for candidate in (head, f"_{head}", head.rstrip("_")):
-        if candidate in config:
-            return (candidate, *parts[1:])
-    return (head, *parts[1:])
-
-
-def _dig(d: Any, path: Sequence[str]) -> Any:
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return None
-        d = d[key]
-    return d
-
-
-def _metric(result: dict[str, Any] | None, key: str) -> Any:
-    if not result:
-        return None
-    if key in result:
-        return result[key]
-    return _dig(result, key.split("/"))
-
-
-def amp_metric_key(name: str, module_id: str = MODULE_ID) -> str:
-    return f"learners/{module_id}/{name}"
-
-
-# -- running --------------------------------------------------------------------------------
 def _progress_reporter(exp: Any) -> Any:
     from ray.tune import CLIReporter
 
@@ -289,110 +247,6 @@ def _no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: Any
     for key in parents:
         node = node.setdefault(key, {})
     node.setdefault(leaf, math.nan)
-
-
-def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str, Any]]:
-    """One row per trial: searched parameters, final metrics, checkpoint, error.
-
-    With ``storage`` (a URI), checkpoints are given as URIs on it, as the user passed it.
-    """
-    rows = []
-    for result in grid:
-        cfg = result.config or {}
-        final = result.metrics or {}
-        row: dict[str, Any] = {"trial_id": final.get("trial_id") or _trial_id(result.path)}
-        for key in exp.search:
-            row[key] = _dig(cfg, config_path(key, cfg))
-        steps = _metric(final, "num_env_steps_sampled_lifetime")
-        total = _metric(final, "time_total_s")
-        status = "ERROR" if result.error else ("DONE" if final.get("done") else "UNFINISHED")
-        row.update(
-            {
-                "status": status,
-                "training_iteration": final.get("training_iteration"),
-                exp.tune["metric"]: _metric(final, exp.tune["metric"]),
-                "grad_scale": _metric(final, amp_metric_key(M.GRAD_SCALE)),
-                "skip_fraction": _metric(final, amp_metric_key(M.SKIP_FRACTION)),
-                "skipped_steps": _metric(final, amp_metric_key(M.SKIPPED_STEPS_LIFETIME)),
-                "env_steps_per_s": (steps / total) if steps and total else None,
-                "checkpoint": _checkpoint_location(result.checkpoint, storage),
-                "error": _root_error(result.error) if result.error else None,
-            }
-        )
-        rows.append(row)
-    reverse = exp.tune["mode"] == "max"
-
-    def sort_key(r: dict[str, Any]) -> float:
-        v = r[exp.tune["metric"]]
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return -math.inf if reverse else math.inf
-        return float(v)
-
-    rows.sort(key=sort_key, reverse=reverse)
-    return rows
-
-
-def _trial_id(trial_dir: str | None) -> str | None:
-    """A trial's id from its folder name, for a trial that never reported a result: Tune
-    names the folder ``{trainable}_{trial id}_{index}_{params}_{time}``, ids ``abcde_00000``."""
-    found = _TRIAL_ID.search(os.path.basename(trial_dir or ""))
-    return found.group(1) if found else None
-
-
-def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:
-    if checkpoint is None:
-        return None
-    return S.to_uri(storage, checkpoint.path) if storage else checkpoint.path
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if v.is_integer() and abs(v) < 1e15:
-            return f"{v:,.0f}"
-        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
-    return str(v)
-
-
-def format_table(exp: Any, rows: list[dict[str, Any]]) -> str:
-    short = {k: k.split(".")[-1] for k in exp.search}
-    cols = [
-        ("trial_id", "trial"),
-        *short.items(),
-        ("grad_scale", "final grad scale"),
-        ("skip_fraction", "skip frac"),
-        (exp.tune["metric"], exp.tune["metric"].split("/")[-1]),
-        ("env_steps_per_s", "env steps/s"),
-        ("status", "status"),
-    ]
-    table = [[title for _, title in cols]]
-    table += [[_fmt(r.get(key)) for key, _ in cols] for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
-    """Writes the rows as one parquet table to ``path``: a local path or a storage URI."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns: dict[str, list[Any]] = {}
-    for key in dict.fromkeys(k for r in rows for k in r):
-        values = [r.get(key) for r in rows]
-        # Mixed ints/floats (e.g. a searched init_scale) become floats, for one column type.
-        if any(isinstance(v, float) for v in values) and all(
-            v is None or isinstance(v, (int, float)) for v in values
-        ):
-            values = [None if v is None else float(v) for v in values]
-        columns[key] = values
-    buffer = io.BytesIO()
-    pq.write_table(pa.table(columns), buffer)
-    S.write_bytes(path, buffer.getvalue())
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -489,11 +343,11 @@ def run(argv: Sequence[str] | None = None) -> int:
             if args.resume:
                 raise UsageError(
                     f"--resume: restoring the experiment at {exp_dir} failed "
-                    f"({_root_error(e)}); if its files are damaged, start anew with another "
+                    f"({root_error(e)}); if its files are damaged, start anew with another "
                     f"--name"
                 ) from None
             raise UsageError(
-                f"--config: setting up Tune failed ({_root_error(e)}); fix the value it names "
+                f"--config: setting up Tune failed ({root_error(e)}); fix the value it names "
                 f"in the file or the --set values"
             ) from None
         if not args.resume:
@@ -507,8 +361,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     parquet = S.join(exp_dir, RESULTS_FILE)
     write_parquet(rows, parquet)
     print()
-    print(f"Trials of {name}, best first by {exp.tune['metric']} ({exp.tune['mode']}):")
+    threshold = summary.target(exp)
+    if threshold is None:
+        order = f"best first by {exp.tune['metric']} ({exp.tune['mode']})"
+    else:
+        order = f"soonest first to {exp.tune['metric']} >= {threshold:g}"
+    print(f"Trials of {name}, {order}:")
     print(format_table(exp, rows))
+    if threshold is not None:
+        print(summary.target_line(exp, rows, threshold))
     best = next((r for r in rows if r["status"] == "DONE" and r["checkpoint"]), None)
     print(f"Best trial checkpoint: {best['checkpoint'] if best else '-'}")
     print(f"Results: {parquet}")
@@ -589,7 +450,7 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
             target = services.canonicalize_bootstrap_address_or_die("auto")
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UsageError(
-                f"{where}: auto found no Ray cluster ({_root_error(e)}); {fix}"
+                f"{where}: auto found no Ray cluster ({root_error(e)}); {fix}"
             ) from None
     host, port = _host_port(target)
     if host is None or port is None:
@@ -603,7 +464,7 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
             answer = _read(conn, 9)
     except OSError as e:
         raise UsageError(
-            f"{where}: nothing answers at {host}:{port} ({_root_error(e)}); {fix}"
+            f"{where}: nothing answers at {host}:{port} ({root_error(e)}); {fix}"
         ) from None
     # Ray's GCS and its client server speak gRPC: a server that does not answer HTTP/2's
     # connection preface with a SETTINGS frame is something else, which ray.init would wait
@@ -653,11 +514,11 @@ def _start_ray(address: str | None, where: str) -> None:
     except (ConnectionError, RuntimeError, ValueError, OSError, TimeoutError) as e:
         if address is None:
             raise UsageError(
-                f"ray.init: could not start a local Ray ({_root_error(e)}); check free disk "
+                f"ray.init: could not start a local Ray ({root_error(e)}); check free disk "
                 f"space and memory in /tmp (or $RAY_TMPDIR), or pass --address of a cluster"
             ) from None
         raise UsageError(
-            f"{where}: could not join the Ray cluster at {address} ({_root_error(e)}); check "
+            f"{where}: could not join the Ray cluster at {address} ({root_error(e)}); check "
             f"the address and that the cluster runs the same Ray and Python versions"
         ) from None
 
@@ -698,7 +559,7 @@ def _fall_back_to_intact_checkpoints(exp_dir: str) -> None:
         checkpoint_fallback.resume_from_intact_checkpoints(exp_dir)
     except (OSError, ValueError, KeyError, TypeError) as e:  # TypeError, KeyError: bad state
         raise UsageError(
-            f"--resume: cannot read the checkpoints at {exp_dir} ({_root_error(e)}); check the "
+            f"--resume: cannot read the checkpoints at {exp_dir} ({root_error(e)}); check the "
             f"storage, or start anew with another --name"
         ) from None
     finally:
@@ -760,7 +621,7 @@ def _check_unchanged(exp_dir: str, spec: dict[str, Any], accept: bool) -> None:
         stored = yaml.safe_load(S.read_bytes(location))
     except (OSError, yaml.YAMLError) as e:
         raise UsageError(
-            f"--resume: cannot read {location} ({_root_error(e)}); restore it, or start anew "
+            f"--resume: cannot read {location} ({root_error(e)}); restore it, or start anew "
             f"with another --name"
         ) from None
     diff = changed_keys(stored if isinstance(stored, dict) else {}, spec)
@@ -786,27 +647,6 @@ def _resume_command(args: argparse.Namespace, exp: Any, name: str, storage: str)
     if args.address is not None:
         words += ["--address", args.address]
     return " ".join(shlex.quote(w) for w in [*words, "--resume"])
-
-
-def _root_error(e: Any) -> str:
-    """The line that says what went wrong, without colour codes: the innermost cause's
-    ``Type: message`` (a trial's RayTaskError wraps the exception raised in the trial)."""
-    seen = set()
-    while id(e) not in seen:
-        seen.add(id(e))
-        inner = getattr(e, "cause", None) or getattr(e, "__cause__", None)
-        if not isinstance(inner, BaseException):
-            break
-        e = inner
-    text = _ANSI.sub("", str(e)).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not isinstance(e, BaseException):
-        return lines[0] if lines else "-"
-    # A traceback rendered into the message (Ray's) ends with the raising line.
-    typed = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
-    if typed:
-        return typed[-1]
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _taken(exp_dir: str) -> bool:

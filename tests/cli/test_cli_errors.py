@@ -350,7 +350,7 @@ def test_a_trial_without_results_shows_its_id_and_root_error_without_colour(tmp_
     assert row["trial_id"] == "3c1f5_00001" and row["status"] == "ERROR"
     assert row["error"] == "Cause: env 'X' exploded"
     plain = RuntimeError("\x1b[31mray::T()\x1b[0m\nTraceback\nKeyError: 'x'")
-    assert cli._root_error(plain) == "KeyError: 'x'"
+    assert cli.root_error(plain) == "KeyError: 'x'"
 
 
 # -- the in-process Ray ---------------------------------------------------------------------

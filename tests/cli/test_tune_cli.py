@@ -375,6 +375,35 @@ def test_an_iteration_in_which_no_episode_ended_reports_nan_not_a_crash(tmp_path
     assert math.isnan(row["env_runners/episode_return_mean"])
 
 
+@pytest.mark.slow  # the default job as a new user runs it: about 2.5 minutes on 2 cores
+def test_default_job_learns_cartpole_within_four_minutes(tmp_path):
+    """``python -m rllib_amp.tune`` with no arguments but the storage: every trial trains
+    until it learns CartPole (return >= 450) or spends the step budget, Ray's start included
+    in 4 minutes, and the summary says how soon each got there."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "rllib_amp.tune", "--storage-path", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert elapsed < 240, f"the default job took {elapsed:.0f} s"
+    rows = pq.read_table(str(tmp_path / "cartpole_ppo_amp" / "results.parquet")).to_pylist()
+    assert len(rows) == 8 and all(r["status"] == "DONE" for r in rows)
+    for r in rows:
+        learned = r["env_runners/episode_return_mean"] >= 450
+        assert learned == (r["env_steps_to_450"] is not None)
+        batch = r["training.train_batch_size_per_learner"]
+        assert learned or r["training_iteration"] * batch >= 50_000  # else the budget ran out
+    assert sum(r["env_steps_to_450"] is not None for r in rows) >= 6
+    steps = [r["env_steps_to_450"] for r in rows if r["env_steps_to_450"] is not None]
+    assert steps == sorted(steps)  # ranked by how soon they learned
+    assert (
+        "steps to 450" in proc.stdout and "trials reached episode_return_mean >= 450" in proc.stdout
+    )
+
+
 # -- quiet output ---------------------------------------------------------------------------
 @pytest.mark.usefixtures("ray_local")
 def test_default_job_prints_no_snapshot_warnings(tmp_path):
@@ -387,6 +416,7 @@ def test_default_job_prints_no_snapshot_warnings(tmp_path):
         default = yaml.safe_load(f)
     default["search"] = {"amp.growth_interval": {"grid": [10, 2000]}}
     default["training"]["train_batch_size_per_learner"] = 500  # the default's smaller batch
+    default["stop"] = {"training_iteration": 10}  # two checkpoints each, not until learned
     config = tmp_path / "default_two_trials.yaml"
     config.write_text(yaml.safe_dump(default))
     proc = subprocess.run(

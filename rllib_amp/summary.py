@@ -1,0 +1,248 @@
+"""The summary of a finished sweep: one row per trial, the printed table, results.parquet.
+
+A row holds the trial's searched values (read from its config with ``config_path``), its final
+metric, the AMP scaler's final state (grad scale, skipped steps), and, when the experiment's
+``stop`` sets a threshold on the Tune metric (``stop: {env_runners/episode_return_mean:
+450}``), the env steps and seconds the trial took to first reach it. With such a target the
+rows are ranked by how soon they reached it: once every trial gets there, the final returns
+differ only by noise, and the steps to the target are what the settings changed.
+
+Example:
+    >>> from rllib_amp.experiment import load
+    >>> exp = load("tune_configs/cartpole_ppo_amp.yaml")
+    >>> target(exp)
+    450.0
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from rllib_amp import metrics as M
+from rllib_amp import storage as S
+from rllib_amp.checks import is_number
+from rllib_amp.cli import root_error
+from rllib_amp.settings import AMP_CONFIG_KEY
+
+MODULE_ID = "default_policy"
+STEPS_KEY = "num_env_steps_sampled_lifetime"
+_TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})(?:_|$)")
+
+
+def config_path(dotted: str, config: dict[str, Any]) -> tuple[str, ...]:
+    """Where a dotted experiment key lives in a trial's config (``AlgorithmConfig.to_dict()``).
+
+    ``config`` is such a dict: it decides between RLlib's public and underscored names
+    (``train_batch_size_per_learner`` is stored as ``_train_batch_size_per_learner``).
+    """
+    top, _, rest = dotted.partition(".")
+    parts = rest.split(".") if rest else []
+    if top == "amp":
+        return ("learner_config_dict", AMP_CONFIG_KEY, *parts)
+    if top == "env_config":
+        return ("env_config", *parts)
+    if top == "model":
+        return ("_model_config", *parts)
+    if top == "seed":
+        return ("seed",)
+    head = parts[0] if parts else top
+    for candidate in (head, f"_{head}", head.rstrip("_")):
+        if candidate in config:
+            return (candidate, *parts[1:])
+    return (head, *parts[1:])
+
+
+def _dig(d: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _metric(result: dict[str, Any] | None, key: str) -> Any:
+    if not result:
+        return None
+    if key in result:
+        return result[key]
+    return _dig(result, key.split("/"))
+
+
+def amp_metric_key(name: str, module_id: str = MODULE_ID) -> str:
+    return f"learners/{module_id}/{name}"
+
+
+# -- running --------------------------------------------------------------------------------
+
+
+def target(exp: Any) -> float | None:
+    """The Tune metric's threshold in ``stop`` (mode max: the trial stops on reaching it), or
+    None when the stop has none."""
+    value = exp.stop.get(exp.tune["metric"])
+    if exp.tune["mode"] != "max" or not is_number(value):
+        return None
+    return float(value)
+
+
+def first_reached(result: Any, metric: str, threshold: float) -> tuple[Any, Any]:
+    """(env steps, seconds) of the trial's first result with ``metric >= threshold``, from
+    its result history; (None, None) when it never got there (or kept no history)."""
+    try:
+        frame = result.metrics_dataframe
+    except Exception:  # noqa: BLE001 - a trial whose progress file is missing or unreadable
+        return None, None
+    if frame is None or metric not in frame.columns:
+        return None, None
+    hit = frame[frame[metric] >= threshold]
+    if hit.empty:
+        return None, None
+    first = hit.iloc[0]
+
+    def plain(key: str) -> Any:
+        v = first.get(key)
+        return v.item() if hasattr(v, "item") else v
+
+    return plain(STEPS_KEY), plain("time_total_s")
+
+
+def target_columns(threshold: float) -> tuple[str, str]:
+    """The row keys of the steps and seconds to reach ``threshold``."""
+    return f"env_steps_to_{threshold:g}", f"time_s_to_{threshold:g}"
+
+
+def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str, Any]]:
+    """One row per trial: searched parameters, final metrics, checkpoint, error.
+
+    With ``storage`` (a URI), checkpoints are given as URIs on it, as the user passed it.
+    """
+    rows = []
+    threshold = target(exp)
+    for result in grid:
+        cfg = result.config or {}
+        final = result.metrics or {}
+        row: dict[str, Any] = {"trial_id": final.get("trial_id") or _trial_id(result.path)}
+        for key in exp.search:
+            row[key] = _dig(cfg, config_path(key, cfg))
+        steps = _metric(final, STEPS_KEY)
+        total = _metric(final, "time_total_s")
+        status = "ERROR" if result.error else ("DONE" if final.get("done") else "UNFINISHED")
+        row.update(
+            {
+                "status": status,
+                "training_iteration": final.get("training_iteration"),
+                exp.tune["metric"]: _metric(final, exp.tune["metric"]),
+                "grad_scale": _metric(final, amp_metric_key(M.GRAD_SCALE)),
+                "skip_fraction": _metric(final, amp_metric_key(M.SKIP_FRACTION)),
+                "skipped_steps": _metric(final, amp_metric_key(M.SKIPPED_STEPS_LIFETIME)),
+                "env_steps_per_s": (steps / total) if steps and total else None,
+                "checkpoint": _checkpoint_location(result.checkpoint, storage),
+                "error": root_error(result.error) if result.error else None,
+            }
+        )
+        if threshold is not None:
+            steps_key, time_key = target_columns(threshold)
+            row[steps_key], row[time_key] = first_reached(result, exp.tune["metric"], threshold)
+        rows.append(row)
+    reverse = exp.tune["mode"] == "max"
+
+    def sort_key(r: dict[str, Any]) -> float:
+        v = r[exp.tune["metric"]]
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return -math.inf if reverse else math.inf
+        return float(v)
+
+    rows.sort(key=sort_key, reverse=reverse)
+    if threshold is not None:
+        # Those that reached the target first, soonest first; the rest keep the metric order.
+        steps_key = target_columns(threshold)[0]
+        rows.sort(key=lambda r: (r[steps_key] is None, r[steps_key] or 0))
+    return rows
+
+
+def _trial_id(trial_dir: str | None) -> str | None:
+    """A trial's id from its folder name, for a trial that never reported a result: Tune
+    names the folder ``{trainable}_{trial id}_{index}_{params}_{time}``, ids ``abcde_00000``."""
+    found = _TRIAL_ID.search(os.path.basename(trial_dir or ""))
+    return found.group(1) if found else None
+
+
+def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:
+    if checkpoint is None:
+        return None
+    return S.to_uri(storage, checkpoint.path) if storage else checkpoint.path
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if v.is_integer() and abs(v) < 1e15:
+            return f"{v:,.0f}"
+        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
+    return str(v)
+
+
+def format_table(exp: Any, rows: list[dict[str, Any]]) -> str:
+    short = {k: k.split(".")[-1] for k in exp.search}
+    threshold = target(exp)
+    reached: list[tuple[str, str]] = []
+    if threshold is not None:
+        steps_key, time_key = target_columns(threshold)
+        reached = [(steps_key, f"steps to {threshold:g}"), (time_key, f"s to {threshold:g}")]
+    cols = [
+        ("trial_id", "trial"),
+        *short.items(),
+        ("grad_scale", "final grad scale"),
+        ("skipped_steps", "skipped steps"),
+        ("skip_fraction", "skip frac"),
+        *reached,
+        (exp.tune["metric"], exp.tune["metric"].split("/")[-1]),
+        ("env_steps_per_s", "env steps/s"),
+        ("status", "status"),
+    ]
+    table = [[title for _, title in cols]]
+    table += [[_fmt(r.get(key)) for key, _ in cols] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def target_line(exp: Any, rows: Sequence[dict[str, Any]], threshold: float) -> str:
+    """One line under the table: how many trials reached the target, and how soon."""
+    steps_key = target_columns(threshold)[0]
+    steps = sorted(r[steps_key] for r in rows if r.get(steps_key) is not None)
+    metric = exp.tune["metric"].split("/")[-1]
+    if not steps:
+        return f"No trial reached {metric} >= {threshold:g} within the stop's budget."
+    middle = steps[len(steps) // 2] if len(steps) % 2 else sum(steps[len(steps) // 2 - 1 :][:2]) / 2
+    return (
+        f"{len(steps)} of {len(rows)} trials reached {metric} >= {threshold:g}: in "
+        f"{_fmt(steps[0])} to {_fmt(steps[-1])} env steps (median {_fmt(middle)})."
+    )
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
+    """Writes the rows as one parquet table to ``path``: a local path or a storage URI."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns: dict[str, list[Any]] = {}
+    for key in dict.fromkeys(k for r in rows for k in r):
+        values = [r.get(key) for r in rows]
+        # Mixed ints/floats (e.g. a searched init_scale) become floats, for one column type.
+        if any(isinstance(v, float) for v in values) and all(
+            v is None or isinstance(v, (int, float)) for v in values
+        ):
+            values = [None if v is None else float(v) for v in values]
+        columns[key] = values
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(columns), buffer)
+    S.write_bytes(path, buffer.getvalue())
