@@ -34,10 +34,23 @@ def wandb_project(name: str) -> str:
     return name
 
 
+# wandb.init arguments read from this command's environment (the variables wandb itself reads).
+WANDB_ENV_ARGS = {"WANDB_MODE": "mode", "WANDB_DIR": "dir"}
+
+
 def wandb_callbacks(project: str | None) -> list[Any]:
-    """[Tune's WandbLoggerCallback for ``project``], or [] without a project."""
+    """[Tune's WandbLoggerCallback for ``project``], or [] without a project.
+
+    Tune logs from a Ray actor, which sees the environment of the Ray that runs it, not this
+    command's (Tune forwards WANDB_API_KEY only): ``WANDB_MODE=offline`` or ``WANDB_DIR`` set
+    in the shell would be ignored on a Ray started earlier (``ray start``, a cluster). They
+    are passed to ``wandb.init`` as arguments instead.
+    """
     if not project:
         return []
+    import os
+
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    return [WandbLoggerCallback(project=project)]
+    kwargs = {arg: os.environ[var] for var, arg in WANDB_ENV_ARGS.items() if os.environ.get(var)}
+    return [WandbLoggerCallback(project=project, **kwargs)]

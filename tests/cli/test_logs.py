@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,6 @@ def test_wandb_logs_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     run_tiny(tmp_path, capsys, "wb", "--wandb-project", "rllib-amp-test")
     assert glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)
+    # The run's record file (protobuf records) holds the AMP scalars' keys.
+    records = glob.glob(str(tmp_path / "**" / "offline-run-*" / "run-*.wandb"), recursive=True)
+    assert records and any(b"amp_grad_scale" in Path(f).read_bytes() for f in records)
