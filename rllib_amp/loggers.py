@@ -52,5 +52,7 @@ def wandb_callbacks(project: str | None) -> list[Any]:
 
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    kwargs = {arg: os.environ[var] for var, arg in WANDB_ENV_ARGS.items() if os.environ.get(var)}
+    kwargs: dict[str, Any] = {
+        arg: os.environ[var] for var, arg in WANDB_ENV_ARGS.items() if os.environ.get(var)
+    }
     return [WandbLoggerCallback(project=project, **kwargs)]

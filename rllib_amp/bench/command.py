@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import rllib_amp.bench.atari_figures as atari_figures
@@ -88,12 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def atari_paths(algos: Sequence[str], device: str, reps: int, quick: bool) -> dict[str, Any]:
-    """The Atari-path figures (``atari_figures``): RLlib's wrappers vs the native env."""
+def atari_paths(
+    algos: Sequence[str],
+    device: str,
+    reps: int,
+    quick: bool,
+    save: Callable[[dict[str, Any]], None] = lambda part: None,
+) -> dict[str, Any]:
+    """The Atari-path figures (``atari_figures``): RLlib's wrappers vs the native env.
+
+    ``save(part)`` is called with what is measured so far after each figure.
+    """
     out: dict[str, Any] = {}
     steps = 1024 if quick else 4096
     print(f"[bench] sampling, one EnvRunner: wrappers vs native x{reps}", file=sys.stderr)
     out["sampling"] = atari_figures.bench_sampling(reps, env_steps=steps)
+    save(out)
     iterations = 2 if quick else 6
     e2e_labels = (STOCK, "fp32 native", "amp native")
     out["end_to_end_paths"] = {}
@@ -102,9 +112,11 @@ def atari_paths(algos: Sequence[str], device: str, reps: int, quick: bool) -> di
         out["end_to_end_paths"][algo] = in_child(
             atari_figures.bench_end_to_end_paths, algo, e2e_labels, device, iterations
         )
+        save(out)
     if "DQN" in algos:
         print("[bench] DQN replay bytes per transition", file=sys.stderr)
         out["replay_bytes"] = atari_figures.bench_replay_bytes(steps)
+        save(out)
     out["memory_paths"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for algo in algos:
@@ -116,6 +128,7 @@ def atari_paths(algos: Sequence[str], device: str, reps: int, quick: bool) -> di
             out["memory_paths"][f"{algo} full"] = atari_figures.bench_memory_paths(
                 algo, "full", list(PATH_VARIANTS), device, data
             )
+            save(out)
     return out
 
 
@@ -136,6 +149,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     variants = VARIANTS_GPU if device == "cuda" else VARIANTS_CPU
     started = time.time()
     results: dict[str, Any] = {"throughput": {}, "memory": {}}
+
+    def save(part: dict[str, Any] | None = None) -> None:
+        """What is measured so far, into --json: a run stopped early keeps its figures."""
+        if args.json:
+            report.write_partial({**results, **(part or {})}, args.json)
+
     with tempfile.TemporaryDirectory() as tmp:
         for algo in algos:
             data_path = os.path.join(tmp, f"{algo}.pkl")
@@ -146,16 +165,19 @@ def run(argv: Sequence[str] | None = None) -> int:
                 results["throughput"][key] = in_child(
                     figures.throughput_cell, algo, model, variants, device, data_path, reps
                 )
+                save()
                 if not args.quick or algo == "PPO":
                     print(f"[bench] {key}: peak memory", file=sys.stderr)
                     results["memory"][key] = figures.bench_memory(
                         algo, model, variants, device, data_path
                     )
+                    save()
     print("[bench] PPO Pong end to end", file=sys.stderr)
     results["end_to_end"] = in_child(
         figures.bench_end_to_end, variants, device, 4 if args.quick else 8
     )
-    results.update(atari_paths(algos, device, reps, args.quick))
+    save()
+    results.update(atari_paths(algos, device, reps, args.quick, save))
     if not args.quick:
         print(f"[bench] CartPole learning parity ({len(PARITY_SEEDS)} seeds)", file=sys.stderr)
         results["parity"] = figures.bench_parity(("fp32", "amp-auto"), PARITY_SEEDS)

@@ -325,6 +325,15 @@ def check_outputs(json_path: str | None, out_dir: str | None) -> None:
             raise UsageError(f"--out: {target} is a folder; remove it or pass another --out")
 
 
+def write_partial(results: dict, json_path: str) -> None:
+    """The figures measured so far as ``{"partial": true, "raw": ...}``, replaced atomically;
+    the finished run's ``write_outputs`` overwrites it."""
+    tmp = f"{json_path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"partial": True, "raw": results}, f, indent=1, default=float)
+    os.replace(tmp, json_path)
+
+
 def write_outputs(
     rows: list[dict[str, Any]], results: dict, json_path: str | None, out_dir: str | None
 ) -> None:

@@ -4,6 +4,7 @@ rows, table and machine line; the child-process harness."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -287,3 +288,27 @@ def test_parity_configs_come_from_algo_config(monkeypatch):
     assert cfg.lr == 3e-4 and cfg.train_batch_size_per_learner == 1000
     assert cfg.minibatch_size == 250 and cfg.model_config["fcnet_hiddens"] == [64, 64]
     assert cfg.learner_class is algorithm("PPO").amp_learner
+
+
+def test_a_run_stopped_part_way_keeps_the_figures_measured_so_far(tmp_path, monkeypatch):
+    """Each figure is in --json as soon as it is measured: a run killed by a time limit (the
+    GPU check's) keeps what it had, marked partial; a finished run replaces it."""
+    cells = iter([{"fp32": [10.0], "amp-auto": [20.0]}])
+
+    def one_cell_then_stop(fn, *args):
+        try:
+            return next(cells)
+        except StopIteration:
+            raise Measured from None
+
+    monkeypatch.setattr(command, "collect_data", lambda *a, **k: None)
+    monkeypatch.setattr(command, "in_child", one_cell_then_stop)
+    monkeypatch.setattr(command.figures, "bench_memory", lambda *a: {"fp32": 2.0, "amp-auto": 1.0})
+    out = tmp_path / "bench.json"
+    with pytest.raises(Measured):
+        command.run(["--quick", "--device", "cpu", "--algos", "PPO", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["partial"] is True
+    assert saved["raw"]["throughput"] == {"PPO full": {"fp32": [10.0], "amp-auto": [20.0]}}
+    assert saved["raw"]["memory"] == {"PPO full": {"fp32": 2.0, "amp-auto": 1.0}}
+    assert not list(tmp_path.glob("*.tmp"))
