@@ -54,11 +54,12 @@ def _child_entry(fn: Callable[..., Any], args: tuple, shown: set[str], queue: An
         queue.put(("error", f"{type(e).__name__}: {e}", shown_once_keys()))
 
 
-def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+def in_child(fn: Callable[..., Any], *args: Any, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
     """``fn(*args)`` in a fresh (spawned) process: no heap, caches or Ray state from the
     figures before it. In one long process the end-to-end AMP figure came out at 1.19x,
     in a fresh one 1.42x (2026-11-30).
 
+    ``timeout_s``: how long the child may take (a learning run takes hours, a figure minutes).
     RLlib's once-per-process messages travel both ways, so each appears once per run and
     not once per child.
     """
@@ -66,7 +67,7 @@ def in_child(fn: Callable[..., Any], *args: Any) -> Any:
     queue = ctx.Queue()
     proc = ctx.Process(target=_child_entry, args=(fn, args, shown_once_keys(), queue))
     proc.start()
-    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     try:
         while True:
             try:
@@ -80,7 +81,7 @@ def in_child(fn: Callable[..., Any], *args: Any) -> Any:
                     ) from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"{fn.__name__}{args}: no result in {CHILD_TIMEOUT_S} s"
+                        f"{fn.__name__}{args}: no result in {timeout_s:g} s"
                     ) from None
     finally:
         proc.join(60)
