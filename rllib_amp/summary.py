@@ -77,9 +77,7 @@ def amp_metric_key(name: str, module_id: str = MODULE_ID) -> str:
     return f"learners/{module_id}/{name}"
 
 
-# -- running --------------------------------------------------------------------------------
-
-
+# -- the stop's target ---------------------------------------------------------------------
 def target(exp: Any) -> float | None:
     """The Tune metric's threshold in ``stop`` (mode max: the trial stops on reaching it), or
     None when the stop has none."""
