@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 from rllib_amp.cli import UsageError
@@ -48,8 +49,6 @@ def wandb_callbacks(project: str | None) -> list[Any]:
     """
     if not project:
         return []
-    import os
-
     from ray.air.integrations.wandb import WandbLoggerCallback
 
     kwargs: dict[str, Any] = {

@@ -20,6 +20,7 @@ import io
 import math
 import os
 import re
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -220,10 +221,10 @@ def target_line(exp: Any, rows: Sequence[dict[str, Any]], threshold: float) -> s
     metric = exp.tune["metric"].split("/")[-1]
     if not steps:
         return f"No trial reached {metric} >= {threshold:g} within the stop's budget."
-    middle = steps[len(steps) // 2] if len(steps) % 2 else sum(steps[len(steps) // 2 - 1 :][:2]) / 2
     return (
         f"{len(steps)} of {len(rows)} trials reached {metric} >= {threshold:g}: in "
-        f"{_fmt(steps[0])} to {_fmt(steps[-1])} env steps (median {_fmt(middle)})."
+        f"{_fmt(steps[0])} to {_fmt(steps[-1])} env steps "
+        f"(median {_fmt(statistics.median(steps))})."
     )
 
 

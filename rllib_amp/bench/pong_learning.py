@@ -103,9 +103,9 @@ def summarize(curves: Mapping[tuple[str, int], Sequence[Point]]) -> dict[str, di
     """Per path: the final return (mean over seeds, the seeds' values, their spread), env
     steps/s, and per seed the seconds to first reach stock's mean final return."""
     paths = sorted({p for p, _ in curves}, key=lambda p: (p != STOCK, p))
+    runs_of = {p: [c for (q, _), c in sorted(curves.items()) if q == p] for p in paths}
     out: dict[str, dict[str, Any]] = {}
-    for p in paths:
-        runs = [c for (q, _), c in sorted(curves.items()) if q == p]
+    for p, runs in runs_of.items():
         finals = [_final(c) for c in runs]
         out[p] = {
             "finals": finals,
@@ -116,8 +116,7 @@ def summarize(curves: Mapping[tuple[str, int], Sequence[Point]]) -> dict[str, di
         }
     if STOCK in out:
         target = out[STOCK]["final"]
-        for p in paths:
-            runs = [c for (q, _), c in sorted(curves.items()) if q == p]
+        for p, runs in runs_of.items():
             out[p]["time_to_stock_final"] = [_first_time(c, target) for c in runs]
     return out
 
