@@ -13,7 +13,7 @@ from rllib_amp.algorithms import (
     amp_learner_class,
 )
 from rllib_amp.api import with_amp
-from rllib_amp.learner import AmpLearnerMixin
+from rllib_amp.learner.mixin import AmpLearnerMixin
 from rllib_amp.settings import AmpSettings
 
 __all__ = [

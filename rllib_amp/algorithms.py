@@ -29,8 +29,8 @@ from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_amp.checks import suggest
-from rllib_amp.learner import AmpLearnerMixin
-from rllib_amp.models import with_batchnorm, with_uint8_images
+from rllib_amp.envs.models import with_batchnorm, with_uint8_images
+from rllib_amp.learner.mixin import AmpLearnerMixin
 
 
 # The AMP learners and BatchNorm modules have module-level names so that Ray and RLlib's

@@ -16,10 +16,10 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.tune.registry import get_trainable_cls
 from ray.tune.search.sample import Domain
 
-from rllib_amp.algorithm_checkpoints import amp_algorithm_class
 from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config, amp_learner_class
-from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
-from rllib_amp.loss_scaling import check_no_rllib_grad_scaler
+from rllib_amp.checkpoints.algorithm import amp_algorithm_class
+from rllib_amp.learner.env_runner import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
+from rllib_amp.scaling.scaler_set import check_no_rllib_grad_scaler
 from rllib_amp.settings import (
     AMP_CONFIG_KEY,
     AmpSettings,

@@ -1,38 +1,8 @@
-"""``python -m rllib_amp.params``: each model preset's parameter count, per algorithm.
+"""``python -m rllib_amp.params``: each model preset's parameter count (``rllib_amp.envs.params``)."""
 
-Example:
-    python -m rllib_amp.params --algorithms PPO,DQN
-"""
+import sys
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-from rllib_amp.algorithms import algorithm
-from rllib_amp.cli import Parser, UsageError, main_wrapper
-from rllib_amp.models import PRESETS, count_parameters
-
-
-def run(argv: Sequence[str] | None = None) -> int:
-    parser = Parser(prog="python -m rllib_amp.params", description="Print each preset's size.")
-    parser.add_argument("--algorithms", default="PPO,DQN", help="comma-separated")
-    args = parser.parse_args(argv)
-    try:
-        algos = [algorithm(a.strip()) for a in args.algorithms.split(",") if a.strip()]
-    except ValueError as e:
-        raise UsageError(f"--algorithms: {e}") from None
-    print(f"{'preset':<8}{'input':<8}" + "".join(f"{a.name + ' params':>14}" for a in algos))
-    for image in (True, False):
-        for preset in PRESETS:
-            counts = [count_parameters(a.config_class, preset, image=image) for a in algos]
-            kind = "84x84x4" if image else "vector"
-            print(f"{preset:<8}{kind:<8}" + "".join(f"{c:>14,}" for c in counts))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return main_wrapper("python -m rllib_amp.params", run, argv)
-
+from rllib_amp.envs.params import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

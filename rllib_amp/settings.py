@@ -54,7 +54,7 @@ class WarmStart:
     Written ``{"from": CHECKPOINT, "modules": {new_id: old_id}}`` in YAML and ``with_amp``.
     Seeds each module's scale and growth tracker (not weights, not optimizer state) from the
     scaler of ``old_id`` in that checkpoint, when the learner builds its modules
-    (``rllib_amp.warm_start``). Without ``modules``, every module of the run is seeded from
+    (``rllib_amp.scaling.warm_start``). Without ``modules``, every module of the run is seeded from
     the module of the same id.
 
     Attributes:
@@ -152,7 +152,7 @@ class AmpSettings:
     """How a learner trains in mixed precision.
 
     Attributes:
-        enabled: "auto" picks from the hardware (see ``rllib_amp.precision``), True forces
+        enabled: "auto" picks from the hardware (see ``rllib_amp.learner.precision``), True forces
             autocast on, False is exactly stock RLlib (float32).
         dtype: "auto", "float16" (autocast + GradScaler) or "bfloat16" (autocast, no scaling).
         init_scale: The GradScaler's first loss scale (float16 only).
@@ -168,7 +168,7 @@ class AmpSettings:
             or "bfloat16". Inference needs no loss scaling. Ignored when enabled=False.
         tune_cpu_malloc: On a CPU learner with AMP on, let glibc keep freed blocks up to
             1 GiB for reuse instead of re-faulting them every update (process-wide; see
-            ``rllib_amp.malloc``). False keeps glibc's defaults.
+            ``rllib_amp.learner.malloc``). False keeps glibc's defaults.
         warm_start: Seed the scalers' scale and growth tracker from another run's
             checkpoint instead of ``init_scale`` (see ``WarmStart``); None: fresh scalers.
             Given as ``{"from": CHECKPOINT, "modules": {new_id: old_id}}``.

@@ -33,7 +33,7 @@ The issue's targets (``report.TARGETS``) print under the table as measured ratio
 
 Each throughput cell and the end-to-end figure run in a fresh process (``harness``), and
 within it every variant runs interleaved, so the variants share one process: rllib-amp's CPU
-allocator setting (rllib_amp.malloc) applies to the stock variants as well. The speed
+allocator setting (rllib_amp.learner.malloc) applies to the stock variants as well. The speed
 figures run unseeded: a seed makes RLlib switch on torch's deterministic mode on a CPU,
 which is not how one trains for speed. ``report`` prints the table and writes the files.
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rllib_amp.atari import NATIVE, WRAPPERS
 from rllib_amp.bench.figures import (
     E2E_ENVS_PER_RUNNER,
     WARMUP_ROUNDS,
@@ -32,6 +31,7 @@ from rllib_amp.bench.figures import (
 )
 from rllib_amp.bench.harness import in_child
 from rllib_amp.bench.workloads import LR, PATH_VARIANTS, WORKLOADS, algo_config
+from rllib_amp.envs.atari import NATIVE, WRAPPERS
 
 SAMPLING_PATHS = (WRAPPERS, NATIVE)
 # APPO end to end: RLlib's own default batch is 500 per learner; the same 1024 as PPO's CPU
@@ -42,7 +42,7 @@ APPO_TRAINING: dict[str, Any] = {"train_batch_size_per_learner": 1024, "lr": LR}
 # -- sampling ---------------------------------------------------------------------------------
 def sampling_one(preprocessing: str, num_envs: int, env_steps: int, model: str) -> float:
     """Env steps/s of one EnvRunner sampling Pong on ``preprocessing`` (for ``in_child``)."""
-    from rllib_amp.sampling import measure_sampling, sampling_config
+    from rllib_amp.bench.sampling import measure_sampling, sampling_config
 
     cfg = sampling_config(preprocessing, num_envs=num_envs, model=model)
     return measure_sampling(cfg, env_steps=env_steps, warmup_steps=min(512, env_steps)).steps_per_s

@@ -19,7 +19,6 @@ import rllib_amp.bench.atari_figures as atari_figures
 import rllib_amp.bench.figures as figures
 import rllib_amp.bench.report as report
 from rllib_amp.algorithms import algorithm
-from rllib_amp.atari import NATIVE, WRAPPERS
 from rllib_amp.bench.harness import in_child
 from rllib_amp.bench.workloads import (
     MODELS,
@@ -32,6 +31,7 @@ from rllib_amp.bench.workloads import (
 )
 from rllib_amp.checks import suggest
 from rllib_amp.cli import Parser, UsageError, main_wrapper
+from rllib_amp.envs.atari import NATIVE, WRAPPERS
 
 PROG = "python -m rllib_amp.bench"
 DESCRIPTION = "What AMP buys over stock RLlib, side by side in one run."

@@ -85,7 +85,7 @@ def memory_one(
     with open(data_path, "rb") as f:
         data = pickle.load(f)
     # Every variant under glibc's allocator defaults: a heap that keeps freed blocks
-    # (rllib_amp.malloc) would make the update's peak look smaller than it is.
+    # (rllib_amp.learner.malloc) would make the update's peak look smaller than it is.
     learner = build_learner(
         algo, model, variant, device, data["spaces"], tune_malloc=False, preprocessing=preprocessing
     )

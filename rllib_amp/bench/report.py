@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
 from rllib_amp.bench.workloads import STOCK
 from rllib_amp.cli import UsageError
-from rllib_amp.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpuinfo
+from rllib_amp.learner.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpuinfo
 
 # What ``--out`` receives.
 PARQUET_NAME = "results.parquet"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
-from rllib_amp.atari import NATIVE, PREPROCESSING_KEY, WRAPPERS
+from rllib_amp.envs.atari import NATIVE, PREPROCESSING_KEY, WRAPPERS
 
 VARIANTS_CPU = ("fp32", "rllib-scaler", "amp-auto")
 VARIANTS_GPU = ("fp32", "rllib-scaler", "amp-auto", "amp-fp16", "amp-bf16")
@@ -158,7 +158,9 @@ def algo_config(
     """
     import torch
 
-    from rllib_amp import envs, models, with_amp
+    from rllib_amp import with_amp
+    from rllib_amp.envs import configure as envs
+    from rllib_amp.envs import models
 
     cfg = algorithm(algo).config_class()
     envs.configure_env(

@@ -18,12 +18,13 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-from rllib_amp import envs, models
 from rllib_amp.algorithms import algorithm
 from rllib_amp.api import with_amp
+from rllib_amp.envs import configure as envs
+from rllib_amp.envs import models
 from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.experiment.schema import RESOURCES, with_dotted
-from rllib_amp.metrics import tag_learners_with_trial
+from rllib_amp.learner.metrics import tag_learners_with_trial
 from rllib_amp.settings import AmpSettings, store_in_config
 
 

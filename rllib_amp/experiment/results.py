@@ -6,7 +6,7 @@ algorithm reports, so that ``preflight`` can refuse the others and name the near
 
 The catalog is built from RLlib's own names (``ray.rllib.utils.metrics``, the constants of the
 algorithm's and learner's modules, the scopes RLlib nests them under), Tune's automatic keys
-and rllib-amp's per-module keys (``rllib_amp.metrics``). Where RLlib logs a key under a literal
+and rllib-amp's per-module keys (``rllib_amp.learner.metrics``). Where RLlib logs a key under a literal
 string, the literal is listed here. ``tests/cli/test_result_catalog.py`` runs a real iteration
 of each algorithm and checks both directions: every key of the result is accepted, and every
 key offered as a suggestion is really reported.
@@ -33,8 +33,8 @@ from ray.rllib.core.learner import learner as rllib_learner
 from ray.rllib.utils import metrics as M
 from ray.tune import result as tune_result
 
-from rllib_amp import metrics as amp_metrics
 from rllib_amp.algorithms import algorithm
+from rllib_amp.learner import metrics as amp_metrics
 
 # Keys Tune puts on every result of a class Trainable. Its timesteps_total, episodes_total and
 # timesteps_since_restore are filled only when the trainable reports timesteps_this_iter,

@@ -26,9 +26,10 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-from rllib_amp import envs, models
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
+from rllib_amp.envs import configure as envs
+from rllib_amp.envs import models
 from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.settings import AmpSettings, WarmStart, check_pbt_mutations
 
@@ -409,7 +410,7 @@ def _amp(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
 def _check_warm_start(checkpoint: str, modules: tuple[tuple[str, str], ...] | None) -> None:
     """``warm_start.check_warm_start`` for a YAML experiment, whose one module is RLlib's
     default; cached, since every override and search edge validates the amp section again."""
-    from rllib_amp.warm_start import check_warm_start
+    from rllib_amp.scaling.warm_start import check_warm_start
 
     warm = WarmStart(path=checkpoint, modules=modules)
     check_warm_start(AmpSettings(warm_start=warm), [DEFAULT_MODULE_ID])

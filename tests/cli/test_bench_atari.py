@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from rllib_amp.atari import NATIVE, WRAPPERS
 from rllib_amp.bench import atari_figures, command, report, workloads
 from rllib_amp.bench.workloads import PATH_VARIANTS, STOCK
+from rllib_amp.envs.atari import NATIVE, WRAPPERS
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -95,8 +95,8 @@ def test_rows_of_the_atari_figures_take_stock_wrappers_as_reference():
 
 def test_path_variants_build_the_configs_they_name():
     from rllib_amp.algorithms import algorithm
-    from rllib_amp.atari import AleVectorEnv
-    from rllib_amp.envs import AtariEnv
+    from rllib_amp.envs.atari import AleVectorEnv
+    from rllib_amp.envs.configure import AtariEnv
 
     record = algorithm("PPO")
     cfgs = atari_figures.path_configs("PPO", list(PATH_VARIANTS), "cpu", model="mini", num_envs=2)

@@ -205,7 +205,7 @@ def test_machine_line_names_the_cpu_and_only_the_flags_it_has(text, model, prese
 
 
 def test_machine_line_of_this_machine_matches_its_cpuinfo():
-    from rllib_amp.precision import bf16_cpu_flags, read_cpuinfo
+    from rllib_amp.learner.precision import bf16_cpu_flags, read_cpuinfo
 
     line = report.machine_description("cpu")
     for flag in bf16_cpu_flags(read_cpuinfo()):

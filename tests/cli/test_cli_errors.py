@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from rllib_amp import cli as C
-from rllib_amp import tune as cli
+from rllib_amp.sweep import main as cli
 from tests.cli.test_hostile_input import ray_must_not_start  # noqa: F401 - a fixture
 from tests.cli.test_tune_cli import tiny_file
 

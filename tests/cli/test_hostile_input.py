@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from rllib_amp import tune as cli
+from rllib_amp.sweep import main as cli
 
 PROG = "python -m rllib_amp.tune: error: "
 GOOD = """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_amp import tune as cli
+from rllib_amp.sweep import main as cli
 from tests.cli.test_tune_cli import tiny_file
 
 HAS_WANDB = importlib.util.find_spec("wandb") is not None

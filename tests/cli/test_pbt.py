@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from rllib_amp import metrics as M
-from rllib_amp import schedulers
-from rllib_amp import tune as cli
+from rllib_amp.learner import metrics as M
+from rllib_amp.sweep import main as cli
+from rllib_amp.sweep import schedulers
 
 PBT_FILE = """\
 # PBT on a tiny float16 CartPole

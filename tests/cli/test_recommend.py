@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 
 from rllib_amp import experiment as E
-from rllib_amp.recommend import FILE, recommend, write
 from rllib_amp.settings import AmpSettings
+from rllib_amp.sweep.recommend import FILE, recommend, write
 
 M = "env_runners/episode_return_mean"
 ROWS = [

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from rllib_amp import tune as cli
-from rllib_amp.checkpoint_state import AMP_STATE_KEY
-from rllib_amp.scaler import PolicyScaler
+from rllib_amp.scaling.scaler import PolicyScaler
+from rllib_amp.scaling.state import AMP_STATE_KEY
 from rllib_amp.settings import AmpSettings
+from rllib_amp.sweep import main as cli
 
 FILE = """\
 algorithm: PPO

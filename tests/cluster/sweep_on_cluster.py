@@ -17,7 +17,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep every node on 127.
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from rllib_amp import tune as cli  # noqa: E402
+from rllib_amp.sweep import main as cli
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ pytestmark = [
 
 def test_auto_precision_matches_the_gpu():
     from rllib_amp import AmpSettings
-    from rllib_amp.precision import resolve
+    from rllib_amp.learner.precision import resolve
 
     p = resolve(AmpSettings(), "cuda:0")
     major, _ = torch.cuda.get_device_capability(0)

@@ -12,7 +12,7 @@ from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 
 from rllib_amp import with_amp
-from rllib_amp.learner import AmpLearnerMixin
+from rllib_amp.learner.mixin import AmpLearnerMixin
 
 TINY = {"fcnet_hiddens": [16, 16]}
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 
-from rllib_amp import atari
 from rllib_amp import experiment as E
-from rllib_amp.models import Uint8ImageInput
+from rllib_amp.envs import atari
+from rllib_amp.envs.models import Uint8ImageInput
 from tests.integration.common import all_finite, learner, same, weights
 
 pytestmark = pytest.mark.usefixtures("ray_local")

@@ -81,8 +81,8 @@ def test_with_amp_learner_instances_are_amp():
 
 
 def test_amp_minibatches_are_rllibs(monkeypatch):
-    """The gathered minibatches (rllib_amp.minibatch) train exactly like RLlib's iterator."""
-    from rllib_amp import minibatch
+    """The gathered minibatches (rllib_amp.learner.minibatch) train exactly like RLlib's iterator."""
+    from rllib_amp.learner import minibatch
 
     used = []
     original = minibatch.GatherMiniBatchIterator.__iter__

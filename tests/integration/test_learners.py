@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from rllib_amp import metrics as M
+from rllib_amp.learner import metrics as M
 from tests.integration.common import (
     all_finite,
     amp_config,

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 
 from rllib_amp import experiment as E
-from rllib_amp import metrics as M
-from rllib_amp import tune as tune_cli
-from rllib_amp.metrics import tag_learners_with_trial
+from rllib_amp.learner import metrics as M
+from rllib_amp.learner.metrics import tag_learners_with_trial
+from rllib_amp.sweep import main as tune_cli
 from tests.cli.test_tune_cli import tiny_file
 from tests.integration.common import learner, train_until_learned
 

@@ -20,7 +20,7 @@ from rllib_amp import (
     amp_learner_class,
     with_amp,
 )
-from rllib_amp.inference import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
+from rllib_amp.learner.env_runner import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
 from rllib_amp.settings import settings_from_config
 
 
@@ -142,7 +142,7 @@ def test_with_amp_twice_keeps_tune_samplers_unless_the_field_is_given():
     [(PPOConfig, "AmpPPO"), (DQNConfig, "AmpDQN"), (APPOConfig, "AmpAPPO")],
 )
 def test_with_amp_sets_an_algorithm_class_with_verified_restores(config_cls, algo_cls_name):
-    from rllib_amp.algorithm_checkpoints import AmpAlgorithmMixin
+    from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
 
     stock = config_cls().algo_class
     cfg = with_amp(config_cls())
@@ -154,7 +154,7 @@ def test_with_amp_sets_an_algorithm_class_with_verified_restores(config_cls, alg
 def test_amp_algorithm_class_wraps_user_algorithms_once():
     from ray.rllib.algorithms.ppo import PPO
 
-    from rllib_amp.algorithm_checkpoints import AmpPPO, amp_algorithm_class
+    from rllib_amp.checkpoints.algorithm import AmpPPO, amp_algorithm_class
 
     class MyPPO(PPO):
         pass

@@ -1,4 +1,4 @@
-"""ALE's native vector env (rllib_amp.atari): DeepMind preprocessing, options and errors."""
+"""ALE's native vector env (rllib_amp.envs.atari): DeepMind preprocessing, options and errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pytest
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 
-from rllib_amp import atari, envs
 from rllib_amp.algorithms import algorithm
+from rllib_amp.envs import atari
+from rllib_amp.envs import configure as envs
 
 
 def make(game: str = "Breakout", num_envs: int = 4, **options) -> atari.AleVectorEnv:
@@ -180,7 +181,7 @@ def test_the_env_itself_checks_options_it_is_given_directly():
 def test_measure_sampling_times_one_env_runner_on_either_path():
     import torch
 
-    from rllib_amp import sampling
+    from rllib_amp.bench import sampling
 
     threads = torch.get_num_threads()
     paths = {sampling.NATIVE: atari.AleVectorEnv, sampling.WRAPPERS: envs.AtariEnv}

@@ -11,7 +11,7 @@ import yaml
 from ray.autoscaler._private.aws.config import DEFAULT_RAY_INSTANCE_PROFILE
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from rllib_amp import storage
+from rllib_amp.sweep import storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH = os.path.join(ROOT, "cluster.yaml")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_amp import envs
+from rllib_amp.envs import configure as envs
 
 
 def test_atari_env_has_deepmind_preprocessing():
@@ -43,7 +43,7 @@ def test_atari_env_has_deepmind_preprocessing():
 def test_wrappers_and_native_paths_give_the_network_the_same_numbers():
     # The wrappers normalise to x / 128 - 1; the native path keeps uint8 and the module
     # converts with the same formula, so a network sees the same range on either path.
-    from rllib_amp.models import uint8_to_input
+    from rllib_amp.envs.models import uint8_to_input
 
     env = envs.AtariEnv({"id": "ALE/Pong-v5"})
     obs, _ = env.reset(seed=0)

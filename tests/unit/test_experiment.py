@@ -10,8 +10,8 @@ import pytest
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 
-from rllib_amp import envs
 from rllib_amp import experiment as E
+from rllib_amp.envs import configure as envs
 from rllib_amp.settings import AMP_CONFIG_KEY, settings_from_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,4 +1,4 @@
-"""rllib_amp.malloc: freed update buffers are reused instead of re-faulted from the OS."""
+"""rllib_amp.learner.malloc: freed update buffers are reused instead of re-faulted from the OS."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from rllib_amp import malloc
+from rllib_amp.learner import malloc
 
 # Allocates and frees a 64 MiB tensor (above glibc's largest default mmap threshold) a few
 # times, like the buffers of a CPU update, and counts the page faults that cost.
@@ -91,8 +91,8 @@ def test_cpu_learner_tunes_only_with_amp_on(monkeypatch, amp, expected):
     import gymnasium as gym
     from ray.rllib.algorithms.ppo import PPOConfig
 
-    from rllib_amp import learner as learner_mod
     from rllib_amp import with_amp
+    from rllib_amp.learner import mixin as learner_mod
 
     calls = []
     monkeypatch.setattr(learner_mod, "tune_cpu_malloc", lambda: calls.append(1) or True)

@@ -10,7 +10,7 @@ import torch
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
 
-from rllib_amp.minibatch import GatherMiniBatchIterator
+from rllib_amp.learner.minibatch import GatherMiniBatchIterator
 
 
 def _module_batch(n: int, seed: int, *, numpy_leaves: bool = False, ngu: float | None = 3):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from ray.rllib.algorithms.ppo import PPOConfig
 
-from rllib_amp import models, params
 from rllib_amp.algorithms import algorithm
+from rllib_amp.envs import models, params
 
 
 @pytest.mark.parametrize("algo", ["PPO", "DQN"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rllib_amp import experiment as E
-from rllib_amp import schedulers
-from rllib_amp.tune import config_path
+from rllib_amp.sweep import schedulers
+from rllib_amp.sweep.main import config_path
 
 BASE = {
     "algorithm": "PPO",

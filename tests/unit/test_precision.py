@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from rllib_amp import AmpSettings, precision
-from rllib_amp.precision import add_float32_islands, resolve, to_float32
+from rllib_amp import AmpSettings
+from rllib_amp.learner import precision
+from rllib_amp.learner.precision import add_float32_islands, resolve, to_float32
 
 
 @pytest.mark.parametrize(
@@ -100,7 +101,7 @@ def test_describe_names_dtype_and_reason():
 
 
 def test_inference_precision_auto_depends_on_device_and_batch():
-    from rllib_amp.precision import CPU_BF16_MIN_INFERENCE_BATCH, resolve_inference
+    from rllib_amp.learner.precision import CPU_BF16_MIN_INFERENCE_BATCH, resolve_inference
 
     s = AmpSettings()
     assert not resolve_inference(s, "cpu", batch=4, cpu_bf16=True).enabled

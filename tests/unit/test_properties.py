@@ -276,8 +276,8 @@ def test_dry_run_of_any_loadable_file_exits_0_or_2_with_one_line(doc):
     import ray
     import yaml
 
-    from rllib_amp import tune as cli
     from rllib_amp.experiment.reading import read_file
+    from rllib_amp.sweep import main as cli
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "exp.yaml")

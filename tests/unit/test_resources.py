@@ -8,7 +8,7 @@ import re
 import pytest
 
 from rllib_amp import experiment as E
-from rllib_amp import resources as R
+from rllib_amp.sweep import resources as R
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PONG = os.path.join(ROOT, "tune_configs", "pong_ppo_amp.yaml")

@@ -25,10 +25,10 @@ from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
 
-from rllib_amp import inference
 from rllib_amp.algorithms import ALGORITHMS
-from rllib_amp.learner import AmpLearnerMixin
-from rllib_amp.precision import resolve
+from rllib_amp.learner import env_runner as inference
+from rllib_amp.learner.mixin import AmpLearnerMixin
+from rllib_amp.learner.precision import resolve
 from rllib_amp.settings import AmpSettings
 
 P = inspect.Parameter

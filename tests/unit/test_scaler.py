@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from rllib_amp import AmpSettings
-from rllib_amp.scaler import PolicyScaler
+from rllib_amp.scaling.scaler import PolicyScaler
 
 
 def _setup(seed=0):
@@ -263,7 +263,7 @@ def test_sharing_needs_the_same_scaling():
 
 
 def test_seed_scalers_gives_a_shared_scale_the_smallest_seed():
-    from rllib_amp.scaler import seed_scalers
+    from rllib_amp.scaling.scaler import seed_scalers
 
     a, b = _two_sharing(growth_interval=10)
     c = PolicyScaler(AmpSettings(growth_interval=10), "cpu", scaling=True)
@@ -274,7 +274,7 @@ def test_seed_scalers_gives_a_shared_scale_the_smallest_seed():
 
 def test_restore_into_a_shared_scale_continues_at_the_smallest_saved_scale():
     """A checkpoint with a scaler per module, restored into a run with shared_scaler."""
-    from rllib_amp.checkpoint_state import AMP_STATE_KEY, restore_scaler_state
+    from rllib_amp.scaling.state import AMP_STATE_KEY, restore_scaler_state
 
     saved = {}
     for mid, scale in (("p0", 2.0**14), ("p1", 2.0**6)):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rllib_amp import storage as S
+from rllib_amp.sweep import storage as S
 from tests.cluster.s3 import moto_s3
 
 URI = "s3://bucket/exp?endpoint_override=127.0.0.1:9000&scheme=http"

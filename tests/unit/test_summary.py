@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from rllib_amp import experiment as E
-from rllib_amp import summary
-from rllib_amp.recommend import recommend
+from rllib_amp.sweep import summary
+from rllib_amp.sweep.recommend import recommend
 
 R = "env_runners/episode_return_mean"
 STEPS = "env_steps_to_450"

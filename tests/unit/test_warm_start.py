@@ -7,16 +7,16 @@ import pickle
 
 import pytest
 
-from rllib_amp.checkpoint_state import AMP_STATE_KEY
-from rllib_amp.scaler import PolicyScaler
-from rllib_amp.settings import AmpSettings, WarmStart
-from rllib_amp.warm_start import (
+from rllib_amp.scaling.scaler import PolicyScaler
+from rllib_amp.scaling.state import AMP_STATE_KEY
+from rllib_amp.scaling.warm_start import (
     apply_warm_start,
     check_warm_start,
     learner_state_file,
     read_scaler_states,
     warm_start_seeds,
 )
+from rllib_amp.settings import AmpSettings, WarmStart
 
 
 def _scaler_state(scale: float, tracker: int = 0, *, scaling: bool = True) -> dict:

@@ -22,8 +22,8 @@ from typing import Any
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
+from rllib_amp.learner.precision import Precision, resolve_inference, to_float32
 from rllib_amp.log_events import event
-from rllib_amp.precision import Precision, resolve_inference, to_float32
 from rllib_amp.settings import settings_from_config
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def autocast_forwards(module: Any, precision: Precision) -> None:
 
     Example:
         >>> import torch
-        >>> from rllib_amp.precision import resolve
+        >>> from rllib_amp.learner.precision import resolve
         >>> from rllib_amp.settings import AmpSettings
         >>> class M:
         ...     def _forward_exploration(self, batch):

@@ -25,7 +25,7 @@ from ray.rllib.algorithms.ppo import PPO
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_amp.checkpoint_files import resolve_path, verify_checkpoint, write_manifest
+from rllib_amp.checkpoints.verify import resolve_path, verify_checkpoint, write_manifest
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.
 _MixinBase: Any = Algorithm if TYPE_CHECKING else object

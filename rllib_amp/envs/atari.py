@@ -271,7 +271,7 @@ class AleVectorEnv(gym.vector.VectorWrapper):
         if path != NATIVE:
             raise ValueError(
                 f"env_config.{PREPROCESSING_KEY}: AleVectorEnv is the {NATIVE!r} path, got "
-                f"{path!r}; use rllib_amp.envs.configure_env to pick the env class"
+                f"{path!r}; use rllib_amp.envs.configure.configure_env to pick the env class"
             )
         self.ale_kwargs = native_kwargs(config, num_envs)
         super().__init__(AtariVectorEnv(ale_game(env_id), num_envs, **self.ale_kwargs))

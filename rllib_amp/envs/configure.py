@@ -1,7 +1,7 @@
 """Environments: ALE Atari with DeepMind preprocessing, and any gymnasium id.
 
 ``configure_env`` is the one place that points an AlgorithmConfig at an env. ``ALE/*`` ids
-run on ALE's native vector env (``rllib_amp.atari``, uint8 observations) unless
+run on ALE's native vector env (``rllib_amp.envs.atari``, uint8 observations) unless
 ``env_config`` says ``preprocessing: wrappers`` (RLlib's Python Atari wrappers, float32).
 
 Example:
@@ -21,9 +21,9 @@ import gymnasium as gym
 import numpy as np
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-from rllib_amp import atari
 from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config
 from rllib_amp.checks import suggest
+from rllib_amp.envs import atari
 
 ATARI_PREFIX = "ALE/"
 
@@ -58,7 +58,7 @@ class AtariEnv(gym.Wrapper):
     stack, up to 30 no-op starts, episodic life, FIRE on reset where the game needs it
     (RLlib's own Atari wrappers), and rewards clipped to their sign. Observations are
     float32 in [-1, 1] (x / 128 - 1). The default path is ALE's native vector env
-    (``rllib_amp.atari``); this one stays for comparison and for ale_py options the native
+    (``rllib_amp.envs.atari``); this one stays for comparison and for ale_py options the native
     env lacks (``mode``, ``difficulty``...).
 
     ``config``: ``{"id": "ALE/Pong-v5", ...}``; other keys go to ``gym.make`` (e.g.
@@ -90,7 +90,7 @@ def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None
 
     For ``ALE/*`` ids, ``env_config["preprocessing"]`` picks the path:
 
-    - ``native`` (default): ALE's C++ vector env (``rllib_amp.atari.AleVectorEnv``) with
+    - ``native`` (default): ALE's C++ vector env (``rllib_amp.envs.atari.AleVectorEnv``) with
       threads, uint8 observations, and the algorithm's RLModule that converts them inside
       its forward pass (``Algorithm.uint8_module``). Options: ``atari.NATIVE_OPTIONS``.
     - ``wrappers``: RLlib's Atari wrappers (``AtariEnv``) in a gymnasium SyncVectorEnv,

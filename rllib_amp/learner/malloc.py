@@ -16,7 +16,7 @@ nothing where the allocator is not glibc's, or where you chose one yourself
 (``MALLOC_*`` environment variables, jemalloc or tcmalloc preloaded).
 
 Example:
-    >>> from rllib_amp.malloc import tune_cpu_malloc
+    >>> from rllib_amp.learner.malloc import tune_cpu_malloc
     >>> isinstance(tune_cpu_malloc(), bool)
     True
 """

@@ -28,10 +28,10 @@ import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rllib_amp.checkpoint_files import resolve_path
-from rllib_amp.checkpoint_state import AMP_STATE_KEY
+from rllib_amp.checkpoints.verify import resolve_path
 from rllib_amp.log_events import event
-from rllib_amp.scaler import PolicyScaler, saved_scale, seed_scalers
+from rllib_amp.scaling.scaler import PolicyScaler, saved_scale, seed_scalers
+from rllib_amp.scaling.state import AMP_STATE_KEY
 from rllib_amp.settings import AmpSettings, WarmStart
 
 logger = logging.getLogger(__name__)

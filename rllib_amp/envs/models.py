@@ -171,8 +171,8 @@ def with_uint8_images(base: type) -> type:
     return WithUint8Images
 
 
-# The observation spaces of the two Atari paths: ALE's native vector env (rllib_amp.atari)
-# and RLlib's wrappers (rllib_amp.envs.AtariEnv). The networks are the same.
+# The observation spaces of the two Atari paths: ALE's native vector env (rllib_amp.envs.atari)
+# and RLlib's wrappers (rllib_amp.envs.configure.AtariEnv). The networks are the same.
 ATARI_OBS_SPACE = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
 ATARI_WRAPPERS_OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (84, 84, 4), np.float32)
 

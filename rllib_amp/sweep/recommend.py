@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from rllib_amp import storage as S
 from rllib_amp.checks import is_number
 from rllib_amp.settings import AmpSettings
+from rllib_amp.sweep import storage as S
 
 FILE = "recommended_amp.yaml"
 # Keys always written; the others only when they differ from AmpSettings' defaults.
@@ -144,8 +144,8 @@ def amp_blocks(grid: Any, amp_key: Sequence[str]) -> dict[Any, dict[str, Any]]:
 
 def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str) -> None:
     """Prints the recommended ``amp:`` block and the reason, and writes the file."""
-    from rllib_amp import summary
     from rllib_amp.settings import AMP_CONFIG_KEY
+    from rllib_amp.sweep import summary
 
     threshold = summary.target(exp)
     rec = recommend(

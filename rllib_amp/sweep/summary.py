@@ -24,11 +24,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from rllib_amp import metrics as M
-from rllib_amp import storage as S
 from rllib_amp.checks import is_number
 from rllib_amp.cli import root_error
+from rllib_amp.learner import metrics as M
 from rllib_amp.settings import AMP_CONFIG_KEY
+from rllib_amp.sweep import storage as S
 
 MODULE_ID = "default_policy"
 STEPS_KEY = "num_env_steps_sampled_lifetime"

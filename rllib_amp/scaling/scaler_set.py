@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from rllib_amp.log_events import event, is_power_of_two
-from rllib_amp.scaler import PolicyScaler
+from rllib_amp.scaling.scaler import PolicyScaler
 
 logger = logging.getLogger(__name__)
 

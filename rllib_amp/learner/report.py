@@ -1,12 +1,12 @@
 """What a learner reports about its scalers after each update, and when it warns.
 
 Per module, into RLlib's learner results (``result["learners"][module_id]``, keys in
-``rllib_amp.metrics``) and Ray's metrics; and one WARNING with advice when a module keeps
+``rllib_amp.learner.metrics``) and Ray's metrics; and one WARNING with advice when a module keeps
 skipping optimizer steps.
 
 Example:
     >>> from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
-    >>> from rllib_amp.scaler import PolicyScaler
+    >>> from rllib_amp.scaling.scaler import PolicyScaler
     >>> from rllib_amp.settings import AmpSettings
     >>> logger = MetricsLogger()
     >>> scalers = {"p0": PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)}
@@ -21,9 +21,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rllib_amp import metrics as M
+from rllib_amp.learner import metrics as M
 from rllib_amp.log_events import event
-from rllib_amp.scaler import PolicyScaler
+from rllib_amp.scaling.scaler import PolicyScaler
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow.fs
 
-from rllib_amp.checkpoint_files import (
+from rllib_amp.checkpoints.verify import (
     CheckpointError,
     display_path,
     is_dir,

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rllib_amp import envs, models
 from rllib_amp.algorithms import algorithm as algorithm_record
-from rllib_amp.atari import NATIVE, PREPROCESSING_KEY, WRAPPERS
+from rllib_amp.envs import configure as envs
+from rllib_amp.envs import models
+from rllib_amp.envs.atari import NATIVE, PREPROCESSING_KEY, WRAPPERS
 
 __all__ = ["NATIVE", "WRAPPERS", "SamplingThroughput", "measure_sampling", "sampling_config"]
 

@@ -41,19 +41,19 @@ from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_amp.checkpoint_files import verify_checkpoint
-from rllib_amp.checkpoint_state import AMP_STATE_KEY, restore_scaler_state, scaler_state
-from rllib_amp.fused_adam import fuse_adam, set_adam_fusing
-from rllib_amp.learner_metrics import report_update
+from rllib_amp.checkpoints.verify import verify_checkpoint
+from rllib_amp.learner.fused_adam import fuse_adam, set_adam_fusing
+from rllib_amp.learner.malloc import tune_cpu_malloc
+from rllib_amp.learner.minibatch import gather_minibatches
+from rllib_amp.learner.precision import Precision, add_float32_islands, resolve, to_float32
+from rllib_amp.learner.report import report_update
+from rllib_amp.learner.value_pass import value_pass
 from rllib_amp.log_events import event
-from rllib_amp.loss_scaling import ScalerSet, check_no_rllib_grad_scaler, outside_autocast
-from rllib_amp.malloc import tune_cpu_malloc
-from rllib_amp.minibatch import gather_minibatches
-from rllib_amp.precision import Precision, add_float32_islands, resolve, to_float32
-from rllib_amp.scaler import PolicyScaler
+from rllib_amp.scaling.scaler import PolicyScaler
+from rllib_amp.scaling.scaler_set import ScalerSet, check_no_rllib_grad_scaler, outside_autocast
+from rllib_amp.scaling.state import AMP_STATE_KEY, restore_scaler_state, scaler_state
+from rllib_amp.scaling.warm_start import apply_warm_start
 from rllib_amp.settings import AmpSettings, settings_from_config
-from rllib_amp.value_pass import value_pass
-from rllib_amp.warm_start import apply_warm_start
 
 logger = logging.getLogger(__name__)
 

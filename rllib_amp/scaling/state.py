@@ -5,7 +5,7 @@ RLlib leaves the loss scale out of its learner state, so a restored run would re
 to its state; every checkpoint, weight sync and Tune restore carries it from there.
 
 Example:
-    >>> from rllib_amp.scaler import PolicyScaler, saved_scale, seed_scalers
+    >>> from rllib_amp.scaling.scaler import PolicyScaler, saved_scale, seed_scalers
     >>> from rllib_amp.settings import AmpSettings
     >>> scalers = {"p0": PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)}
     >>> scaler_state(scalers)["p0"]["torch"]["scale"]
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 # Restores are checked file by file in checkpoint_files; the error is importable from here too.
-from rllib_amp.checkpoint_files import CheckpointError
+from rllib_amp.checkpoints.verify import CheckpointError
 from rllib_amp.log_events import event
-from rllib_amp.scaler import PolicyScaler, saved_scale, seed_scalers
+from rllib_amp.scaling.scaler import PolicyScaler, saved_scale, seed_scalers
 
 logger = logging.getLogger(__name__)
 

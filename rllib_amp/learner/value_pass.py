@@ -6,7 +6,7 @@ float32, because the connector hands it to numpy, which has no bfloat16.
 
 Example:
     >>> import torch
-    >>> from rllib_amp.precision import resolve
+    >>> from rllib_amp.learner.precision import resolve
     >>> from rllib_amp.settings import AmpSettings
     >>> class Values(torch.nn.Module):
     ...     def compute_values(self, batch):
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rllib_amp.precision import Precision, to_float32
+from rllib_amp.learner.precision import Precision, to_float32
 
 
 @contextlib.contextmanager

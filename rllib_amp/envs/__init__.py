@@ -1,0 +1,1 @@
+"""Environments and models: configure_env, ALE's native vector env, model presets."""
