@@ -1,201 +1,419 @@
-"""Pong learning evidence: PPO on ALE/Pong-v5, stock RLlib against the full rllib-amp path.
+"""Pong learning evidence: PPO on ALE/Pong-v5, resumable runs whose curves are kept as data.
 
-Stock is RLlib as it ships: float32, RLlib's Python Atari wrappers, float32 observations.
-rllib-amp is ALE's native vector env, uint8 observations end to end and AMP at precision
-auto. Both train with ``tune_configs/pong_ppo_amp.yaml``'s PPO settings, the Nature CNN
-("full") and one local EnvRunner of 16 envs, for the same env-step budget and seeds; each run
-in a fresh process, one after another (never side by side: the wall-clock axis is the point).
+Three paths, each with ``tune_configs/pong_ppo_amp.yaml``'s PPO settings (CleanRL's
+``ppo_atari`` recipe), the Nature CNN ("full") and one local EnvRunner of 16 envs:
 
-    python -m rllib_amp.bench.pong_learning --steps 1000000 --seeds 0,1 --out pong_learning
+- ``stock``: RLlib as it ships: float32, RLlib's Python Atari wrappers, float32 observations;
+- ``fp32-native``: ALE's native vector env and uint8 observations, float32 training;
+- ``amp-native``: all of rllib-amp: the native env, uint8, AMP at precision auto.
 
-writes ``curves.parquet`` (one row per training iteration: path, seed, env steps, seconds,
-return) and ``learning.png`` (return against env steps and against wall-clock time), and
-prints a table and two verdicts: rllib-amp learns no worse than stock beyond the seed spread,
-and reaches stock's final return sooner in wall-clock time.
+Each run (path, seed) trains in a fresh process, one after another (never side by side: the
+wall-clock axis is the point), appends a row to ``OUT/curves.parquet`` after every iteration
+(a killed run keeps everything up to its last iteration) and checkpoints every
+``--checkpoint-every`` iterations under ``OUT/checkpoints/``::
+
+    python -m rllib_amp.bench.pong_learning --paths amp-native --seeds 0 --steps 3000000 \\
+        --out pong_run
+    python -m rllib_amp.bench.pong_learning --resume pong_run     # after a kill, same day
+    python -m rllib_amp.bench.pong_learning --plot-only docs/pong # figure + table from parquet
+
+``--plot-only DIR`` reads every ``*.parquet`` under DIR (runs of several days add up) and
+writes ``learning.png`` and ``table.md`` there.
 
 Example:
-    >>> curves = {("stock", 0): [(1000, 10.0, -21.0), (2000, 20.0, -19.0)],
-    ...           ("rllib-amp", 0): [(1000, 4.0, -21.0), (2000, 8.0, -18.0)]}
-    >>> s = summarize(curves)
-    >>> s["rllib-amp"]["final"], s["rllib-amp"]["time_to_stock_final"]
-    (-18.0, [8.0])
+    >>> rows = [{"run": "r", "path": "amp-native", "seed": 0, "env_steps": s,
+    ...          "seconds": s / 100, "return": r}
+    ...         for s, r in [(5e5, -21.0), (1e6, -5.0), (1.5e6, 1.0), (2e6, 19.0)]]
+    >>> m = run_milestones(rows)
+    >>> m["return_at_1M"], m["steps_to_0"], m["steps_to_18"]
+    (-5.0, 1500000.0, 2000000.0)
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import glob
+import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rllib_amp.cli import Parser, UsageError, main_wrapper
 
 PROG = "python -m rllib_amp.bench.pong_learning"
 STOCK = "stock"
-AMP = "rllib-amp"
-# Path label -> the Atari-path variant of rllib_amp.bench (workloads.PATH_VARIANTS).
-PATHS = {STOCK: "fp32 wrappers", AMP: "amp native"}
-# tune_configs/pong_ppo_amp.yaml's training section (a test keeps the two equal).
+FP32_NATIVE = "fp32-native"
+AMP = "amp-native"
+# Path name -> the Atari-path variant of rllib_amp.bench (workloads.PATH_VARIANTS).
+PATHS = {STOCK: "fp32 wrappers", FP32_NATIVE: "fp32 native", AMP: "amp native"}
+# tune_configs/pong_ppo_amp.yaml's training section without its lr schedule (a test keeps the
+# two equal); the schedule anneals LR_START linearly to 0 over the run's step budget.
 TRAINING: dict[str, Any] = {
-    "lr": 0.0001,
     "gamma": 0.99,
     "lambda_": 0.95,
     "clip_param": 0.1,
     "vf_clip_param": 10.0,
+    "vf_loss_coeff": 0.5,
     "entropy_coeff": 0.01,
-    "train_batch_size_per_learner": 4096,
+    "use_kl_loss": False,
+    "kl_coeff": 0.0,
+    "train_batch_size_per_learner": 1024,
     "minibatch_size": 256,
     "num_epochs": 4,
-    "grad_clip": 100.0,
+    "grad_clip": 0.5,
+    "grad_clip_by": "global_norm",
 }
+LR_START = 2.5e-4
 NUM_ENVS = 16
-# One run may take this long (1M steps of stock RLlib on 2 CPU cores: about 45 minutes).
+# Episodes in the reported mean return (RLlib's smoothing window; its default is 100).
+RETURN_WINDOW = 20
+# One run may take this long (3M steps on 2 CPU cores: a few hours).
 RUN_TIMEOUT_S = 24 * 3600.0
 RETURN_KEY = "episode_return_mean"
-# (env steps, seconds since the run started, mean return of the last episodes or NaN)
-Point = tuple[float, float, float]
+CURVES = "curves.parquet"
+RUN_FILE = "run.json"
+MILESTONE_STEPS = (1_000_000, 2_000_000, 3_000_000)
+MILESTONE_RETURNS = (0.0, 18.0)
+# Column -> pyarrow type name of curves.parquet (types fixed, so files of any day concatenate).
+COLUMNS = {
+    "run": "string",
+    "path": "string",
+    "seed": "int64",
+    "iteration": "int64",
+    "env_steps": "float64",
+    "seconds": "float64",
+    "return": "float64",
+    "date": "string",
+    "machine": "string",
+}
+
+
+def lr_schedule(steps: int) -> list[list[float]]:
+    """RLlib's schedule form: LR_START at step 0, linearly down to 0 at ``steps``.
+
+    Example:
+        >>> lr_schedule(1000)
+        [[0, 0.00025], [1000, 0.0]]
+    """
+    return [[0, LR_START], [int(steps), 0.0]]
+
+
+def _run_name(path: str, seed: int) -> str:
+    return f"{path}-seed{seed}"
+
+
+# -- curves.parquet ---------------------------------------------------------------------------
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([(k, getattr(pa, v)()) for k, v in COLUMNS.items()])
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of one curves parquet file, or of every ``*.parquet`` under a folder."""
+    import pyarrow.parquet as pq
+
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True))
+    else:
+        files = [path] if os.path.exists(path) else []
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        rows.extend(pq.read_table(f).to_pylist())
+    return rows
+
+
+def write_rows(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """Writes ``rows`` to ``path`` atomically (a kill leaves the old file or the new one)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    table = pa.Table.from_pylist([{k: r.get(k) for k in COLUMNS} for r in rows], _schema())
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+# -- one run, in its own process --------------------------------------------------------------
+def _checkpoint_dir(out: str, path: str, seed: int) -> str:
+    return os.path.join(out, "checkpoints", _run_name(path, seed))
+
+
+def last_checkpoint(out: str, path: str, seed: int) -> dict[str, Any] | None:
+    """The newest complete checkpoint of a run: its folder, iteration, env steps, seconds."""
+    marker = os.path.join(_checkpoint_dir(out, path, seed), "latest.json")
+    if not os.path.exists(marker):
+        return None
+    with open(marker, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _save_checkpoint(algo: Any, out: str, path: str, seed: int, point: dict[str, Any]) -> None:
+    """Saves into a new folder, then points ``latest.json`` at it (atomically), then drops the
+    older folders: a kill at any moment leaves ``latest.json`` naming a complete checkpoint."""
+    root = _checkpoint_dir(out, path, seed)
+    folder = os.path.join(root, f"iter_{point['iteration']:06d}")
+    algo.save_to_path(folder)
+    marker = {**point, "folder": folder}
+    tmp = os.path.join(root, f"latest.json.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(marker, f)
+    os.replace(tmp, os.path.join(root, "latest.json"))
+    for old in glob.glob(os.path.join(root, "iter_*")):
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def build_config(path: str, seed: int, steps: int, device: str, batch: int | None) -> Any:
+    """The PPO config of one run."""
+    from rllib_amp.bench.atari_figures import path_configs
+
+    training = {**TRAINING, "lr": lr_schedule(steps)}
+    if batch is not None:
+        training["train_batch_size_per_learner"] = batch
+        training["minibatch_size"] = min(training["minibatch_size"], batch)
+    cfg = path_configs("PPO", [PATHS[path]], device, training=training)[PATHS[path]]
+    cfg.env_runners(num_envs_per_env_runner=NUM_ENVS)
+    cfg.reporting(metrics_num_episodes_for_smoothing=RETURN_WINDOW)
+    cfg.debugging(seed=seed)
+    return cfg
 
 
 def train_one(
-    path: str, seed: int, steps: int, device: str, training: Mapping[str, Any]
-) -> list[Point]:
-    """One run: trains until ``steps`` env steps; the curve, one point per iteration."""
-    from rllib_amp.bench.atari_figures import path_configs
-
-    cfg = path_configs("PPO", [PATHS[path]], device, training=dict(training))[PATHS[path]]
-    cfg.env_runners(num_envs_per_env_runner=NUM_ENVS)
-    cfg.debugging(seed=seed)
-    algo = cfg.build_algo()
-    curve: list[Point] = []
+    out: str,
+    path: str,
+    seed: int,
+    steps: int,
+    device: str,
+    batch: int | None,
+    checkpoint_every: int,
+    machine: str,
+) -> int:
+    """Trains one run up to ``steps`` env steps, from its last checkpoint when there is one;
+    appends each iteration's point to ``OUT/curves.parquet``. Returns the iterations run."""
+    run = _run_name(path, seed)
+    algo = build_config(path, seed, steps, device, batch).build_algo()
+    ckpt = last_checkpoint(out, path, seed)
+    offset_s, iteration = 0.0, 0
+    if ckpt is not None:
+        algo.restore_from_path(ckpt["folder"])
+        offset_s, iteration = ckpt["seconds"], ckpt["iteration"]
+    curves = os.path.join(out, CURVES)
+    # Points past the checkpoint are trained again: drop them, so the curve has no duplicate.
+    rows = [
+        r
+        for r in read_rows(curves)
+        if r["run"] != run or (ckpt is not None and r["iteration"] <= iteration)
+    ]
+    write_rows(rows, curves)
     start = time.perf_counter()
+    ran = 0
     try:
-        done = 0.0
+        done = max([0.0] + [r["env_steps"] for r in rows if r["run"] == run])
         while done < steps:
             result = algo.train()
+            iteration += 1
+            ran += 1
             done = float(result["num_env_steps_sampled_lifetime"])
-            ret = result["env_runners"].get(RETURN_KEY, math.nan)
-            curve.append((done, time.perf_counter() - start, float(ret)))
+            ret = float(result["env_runners"].get(RETURN_KEY, math.nan))
+            point = {
+                "run": run,
+                "path": path,
+                "seed": seed,
+                "iteration": iteration,
+                "env_steps": done,
+                "seconds": offset_s + time.perf_counter() - start,
+                "return": ret,
+                "date": datetime.date.today().isoformat(),
+                "machine": machine,
+            }
+            rows.append(point)
+            write_rows(rows, curves)
+            if iteration % checkpoint_every == 0 or done >= steps:
+                _save_checkpoint(algo, out, path, seed, point)
             print(
-                f"[pong] {path} seed {seed}: {done:,.0f} steps, {curve[-1][1]:.0f} s, "
-                f"return {ret:.2f}",
+                f"[pong] {run}: {done:,.0f} steps, {point['seconds']:.0f} s, return {ret:.2f}",
                 file=sys.stderr,
                 flush=True,
             )
     finally:
         algo.stop()
-    return curve
+    return ran
 
 
-def _final(curve: Sequence[Point]) -> float:
-    finite = [r for _, _, r in curve if not math.isnan(r)]
-    return finite[-1] if finite else math.nan
+# -- what the curves say ----------------------------------------------------------------------
+def _finite(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r["return"] is not None and not math.isnan(r["return"])]
 
 
-def _first_time(curve: Sequence[Point], target: float) -> float | None:
-    return next((t for _, t, r in curve if not math.isnan(r) and r >= target), None)
-
-
-def summarize(curves: Mapping[tuple[str, int], Sequence[Point]]) -> dict[str, dict[str, Any]]:
-    """Per path: the final return (mean over seeds, the seeds' values, their spread), env
-    steps/s, and per seed the seconds to first reach stock's mean final return."""
-    paths = sorted({p for p, _ in curves}, key=lambda p: (p != STOCK, p))
-    runs_of = {p: [c for (q, _), c in sorted(curves.items()) if q == p] for p in paths}
-    out: dict[str, dict[str, Any]] = {}
-    for p, runs in runs_of.items():
-        finals = [_final(c) for c in runs]
-        out[p] = {
-            "finals": finals,
-            "final": statistics.fmean(finals),
-            "spread": (max(finals) - min(finals)) / 2,
-            "env_steps_per_s": statistics.fmean(c[-1][0] / c[-1][1] for c in runs),
-            "seconds": [c[-1][1] for c in runs],
-        }
-    if STOCK in out:
-        target = out[STOCK]["final"]
-        for p, runs in runs_of.items():
-            out[p]["time_to_stock_final"] = [_first_time(c, target) for c in runs]
+def run_milestones(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One run's figures: the mean return of the last RETURN_WINDOW episodes at the first
+    iteration at or past 1M, 2M and 3M env steps; env steps and seconds to first reach 0 and
+    +18; the final point. None where the run never got there."""
+    rows = sorted(rows, key=lambda r: r["env_steps"])
+    finite = _finite(rows)
+    out: dict[str, Any] = {
+        "env_steps": rows[-1]["env_steps"] if rows else 0.0,
+        "seconds": rows[-1]["seconds"] if rows else 0.0,
+        "final": finite[-1]["return"] if finite else None,
+    }
+    for m in MILESTONE_STEPS:
+        at = next((r for r in finite if r["env_steps"] >= m), None)
+        out[f"return_at_{m // 1_000_000}M"] = at["return"] if at else None
+    for target in MILESTONE_RETURNS:
+        hit = next((r for r in finite if r["return"] >= target), None)
+        out[f"steps_to_{target:g}"] = hit["env_steps"] if hit else None
+        out[f"seconds_to_{target:g}"] = hit["seconds"] if hit else None
     return out
 
 
-def verdicts(summary: Mapping[str, Mapping[str, Any]]) -> dict[str, bool]:
-    """The issue's two checks: no worse than stock beyond the seed spread (AMP's mean final
-    return at least stock's minus the larger of the two spreads), and sooner in wall-clock
-    time (every AMP seed reaches stock's mean final return before stock's slowest seed)."""
-    s, a = summary[STOCK], summary[AMP]
-    no_worse = a["final"] >= s["final"] - max(s["spread"], a["spread"])
-    amp_times = a["time_to_stock_final"]
-    stock_times = [t for t in s["time_to_stock_final"] if t is not None]
-    sooner = (
-        bool(stock_times)
-        and all(t is not None for t in amp_times)
-        and max(amp_times) < max(stock_times)
-    )
-    return {"no worse than stock": no_worse, "sooner in wall-clock time": sooner}
+def group_runs(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, int], list[Any]]:
+    """Rows by (date the run started, path, seed): one entry per run, files of every day."""
+    by_run: dict[tuple[str, str, int], list[Any]] = {}
+    first_date: dict[tuple[str, str, int, str], str] = {}
+    for r in rows:
+        key = (r["path"], r["seed"], r["run"], r["machine"])
+        first_date.setdefault(key, r["date"])
+    for r in rows:
+        key = (r["path"], r["seed"], r["run"], r["machine"])
+        by_run.setdefault((first_date[key], r["path"], r["seed"]), []).append(r)
+    return dict(sorted(by_run.items()))
 
 
-def table(summary: Mapping[str, Mapping[str, Any]], steps: int) -> str:
-    """The markdown table of the summary."""
+def compare_at(
+    runs: Mapping[tuple[str, str, int], Sequence[Mapping[str, Any]]],
+    steps: int,
+    path: str = AMP,
+    reference: str = FP32_NATIVE,
+) -> dict[str, Any] | None:
+    """``path`` against ``reference`` at ``steps`` env steps, over the seeds of each that got
+    there: no worse when the mean is at least the reference's minus the larger half-range.
 
-    def times(ts: Sequence[float | None]) -> str:
-        return ", ".join("-" if t is None else f"{t:,.0f}" for t in ts)
+    Example:
+        >>> mk = lambda p, s, r: [{"path": p, "seed": s, "env_steps": 1e6, "return": r}]
+        >>> runs = {("d", AMP, 0): mk(AMP, 0, -10.0), ("d", AMP, 1): mk(AMP, 1, -14.0),
+        ...         ("d", FP32_NATIVE, 0): mk(FP32_NATIVE, 0, -11.0),
+        ...         ("d", FP32_NATIVE, 1): mk(FP32_NATIVE, 1, -12.0)}
+        >>> c = compare_at(runs, 1_000_000)
+        >>> c["mean"], c["reference_mean"], c["no_worse"]
+        (-12.0, -11.5, True)
+    """
+
+    def values(p: str) -> list[float]:
+        vals = []
+        for (_, q, _), rows in runs.items():
+            at = next((r for r in _finite(sorted(rows, key=lambda r: r["env_steps"]))
+                       if r["env_steps"] >= steps), None)  # fmt: skip
+            if q == p and at is not None:
+                vals.append(float(at["return"]))
+        return vals
+
+    a, b = values(path), values(reference)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    half = max((max(a) - min(a)) / 2, (max(b) - min(b)) / 2)
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    return {
+        "values": a,
+        "reference_values": b,
+        "mean": ma,
+        "reference_mean": mb,
+        "no_worse": ma >= mb - half,
+    }
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The markdown table of every run in ``rows``: one line per run."""
+
+    def num(v: Any, fmt: str = "{:.1f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    def steps_time(s: Any, t: Any) -> str:
+        return "-" if s is None else f"{s / 1e6:.2f}M / {t / 60:.0f} min"
 
     lines = [
-        f"| PPO Pong, {steps:,} env steps | final return (seeds) | env steps/s | wall s "
-        "| s to stock's final return |",
-        "|---|---|---|---|---|",
+        "| date | path | seed | env steps | hours | return at 1M | 2M | 3M | final "
+        "| to 0 (steps / time) | to +18 | machine |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for p, v in summary.items():
-        seeds = ", ".join(f"{f:.1f}" for f in v["finals"])
+    for (date, path, seed), run_rows in group_runs(rows).items():
+        m = run_milestones(run_rows)
         lines.append(
-            f"| {p} ({PATHS[p]}) | {v['final']:.1f} +- {v['spread']:.1f} ({seeds}) | "
-            f"{v['env_steps_per_s']:,.0f} | {times(v['seconds'])} | "
-            f"{times(v.get('time_to_stock_final', []))} |"
+            f"| {date} | {path} | {seed} | {m['env_steps'] / 1e6:.2f}M | "
+            f"{m['seconds'] / 3600:.2f} | {num(m['return_at_1M'])} | {num(m['return_at_2M'])} | "
+            f"{num(m['return_at_3M'])} | {num(m['final'])} | "
+            f"{steps_time(m['steps_to_0'], m['seconds_to_0'])} | "
+            f"{steps_time(m['steps_to_18'], m['seconds_to_18'])} | {run_rows[0]['machine']} |"
         )
     return "\n".join(lines)
 
 
-def write_outputs(curves: Mapping[tuple[str, int], Sequence[Point]], out_dir: str) -> list[str]:
-    """curves.parquet and learning.png (the PNG only with matplotlib); returns the paths."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    os.makedirs(out_dir, exist_ok=True)
-    rows = [
-        {"path": p, "seed": seed, "env_steps": s, "seconds": t, "return": r}
-        for (p, seed), curve in sorted(curves.items())
-        for s, t, r in curve
-    ]
-    written = [os.path.join(out_dir, "curves.parquet")]
-    pq.write_table(pa.Table.from_pylist(rows), written[0])
+def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
+    """learning.png from the rows alone: return against env steps and against hours. False
+    (and nothing written) without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return written
+        return False
+    colors = {STOCK: "tab:gray", FP32_NATIVE: "tab:blue", AMP: "tab:red"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for (p, seed), curve in sorted(curves.items()):
-        style = {"color": "tab:gray" if p == STOCK else "tab:red", "alpha": 0.9}
-        label = f"{p}, seed {seed}"
-        axes[0].plot([s for s, _, _ in curve], [r for _, _, r in curve], label=label, **style)
-        axes[1].plot([t / 60 for _, t, _ in curve], [r for _, _, r in curve], **style)
+    for (date, path, seed), run_rows in group_runs(rows).items():
+        pts = sorted(_finite(run_rows), key=lambda r: r["env_steps"])
+        style = {"color": colors.get(path, "black"), "alpha": 0.85, "linewidth": 1.2}
+        label = f"{path}, seed {seed} ({date})"
+        axes[0].plot(
+            [r["env_steps"] for r in pts], [r["return"] for r in pts], label=label, **style
+        )
+        axes[1].plot([r["seconds"] / 3600 for r in pts], [r["return"] for r in pts], **style)
     axes[0].set_xlabel("env steps")
-    axes[1].set_xlabel("wall-clock minutes")
-    axes[0].set_ylabel("mean episode return")
-    axes[0].legend(fontsize=8)
-    fig.suptitle("PPO on ALE/Pong-v5: stock RLlib float32 vs rllib-amp")
+    axes[1].set_xlabel("wall-clock hours")
+    axes[0].set_ylabel(f"mean return, last {RETURN_WINDOW} episodes")
+    for ax in axes:
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.set_ylim(-21.5, 21.5)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("PPO on ALE/Pong-v5 (CleanRL's ppo_atari settings)")
     fig.tight_layout()
-    written.append(os.path.join(out_dir, "learning.png"))
-    fig.savefig(written[-1], dpi=100)
+    fig.savefig(png, dpi=100)
     plt.close(fig)
+    return True
+
+
+def write_report(folder: str) -> list[str]:
+    """learning.png and table.md in ``folder``, from every parquet under it."""
+    rows = read_rows(folder)
+    if not rows:
+        raise UsageError(f"--plot-only: no curve rows in any *.parquet under {folder!r}")
+    written = []
+    md = os.path.join(folder, "table.md")
+    lines = [table(rows)]
+    c = compare_at(group_runs(rows), 1_000_000)
+    if c is not None:
+        lines.append(
+            f"\nAt 1M env steps, amp-native {c['mean']:.1f} ({', '.join(f'{v:.1f}' for v in c['values'])}) "  # noqa: E501
+            f"vs fp32-native {c['reference_mean']:.1f} "
+            f"({', '.join(f'{v:.1f}' for v in c['reference_values'])}): "
+            f"{'no worse' if c['no_worse'] else 'WORSE'} beyond the seed spread."
+        )
+    with open(md, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    written.append(md)
+    png = os.path.join(folder, "learning.png")
+    if plot(rows, png):
+        written.append(png)
     return written
 
 
+# -- the command ------------------------------------------------------------------------------
 def _seeds(text: str) -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -206,49 +424,101 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _paths(text: str) -> list[str]:
+    paths = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in paths if p not in PATHS]
+    if bad or not paths:
+        raise UsageError(
+            f"--paths: got {text!r}; give one or more of {', '.join(PATHS)}, "
+            "e.g. --paths amp-native,fp32-native"
+        )
+    return paths
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=1_000_000, help="env steps per run")
-    p.add_argument("--seeds", default="0,1", help="comma-separated, e.g. 0,1")
+    p.add_argument("--paths", default=AMP, help=f"comma-separated of: {', '.join(PATHS)}")
+    p.add_argument("--steps", type=int, default=3_000_000, help="env steps per run")
+    p.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if any")
-    p.add_argument("--out", default="pong_learning", help="folder for the parquet and PNG")
+    p.add_argument("--out", default="pong_learning", help="folder for the runs")
+    p.add_argument("--batch", type=int, default=None, help="train batch size (default 1024)")
     p.add_argument(
-        "--batch", type=int, default=None, help="train batch size per learner (default 4096)"
+        "--checkpoint-every", type=int, default=10, help="iterations between checkpoints"
     )
+    p.add_argument("--resume", metavar="OUT", help="continue the unfinished runs in OUT")
+    p.add_argument("--plot-only", metavar="DIR", help="redraw learning.png and table.md")
     return p
+
+
+def _new_run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.steps < 1:
+        raise UsageError(f"--steps: got {args.steps}; must be >= 1")
+    if args.batch is not None and args.batch < 2:
+        raise UsageError(f"--batch: got {args.batch}; must be >= 2")
+    if args.checkpoint_every < 1:
+        raise UsageError(f"--checkpoint-every: got {args.checkpoint_every}; must be >= 1")
+    spec = {
+        "paths": _paths(args.paths),
+        "seeds": _seeds(args.seeds),
+        "steps": args.steps,
+        "batch": args.batch,
+        "device": args.device,
+        "checkpoint_every": args.checkpoint_every,
+        "command": " ".join([PROG, *sys.argv[1:]]) if sys.argv[1:] else PROG,
+    }
+    if os.path.exists(os.path.join(args.out, RUN_FILE)):
+        raise UsageError(
+            f"--out: {args.out!r} already holds a run; continue it with --resume {args.out} "
+            "or pick another --out"
+        )
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, RUN_FILE), "w", encoding="utf-8") as f:
+        json.dump(spec, f, indent=1)
+    return spec
+
+
+def _resumed_run(out: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(out, RUN_FILE), encoding="utf-8") as f:
+            return json.load(f)
+    except OSError:
+        raise UsageError(
+            f"--resume: {out!r} holds no {RUN_FILE}; give the --out folder of an earlier run"
+        ) from None
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.steps < 1:
-        raise UsageError(f"--steps: got {args.steps}; must be >= 1")
-    seeds = _seeds(args.seeds)
-    training = dict(TRAINING)
-    if args.batch is not None:
-        if args.batch < 2:
-            raise UsageError(f"--batch: got {args.batch}; must be >= 2")
-        training["train_batch_size_per_learner"] = args.batch
-        training["minibatch_size"] = min(training["minibatch_size"], args.batch)
+    if args.plot_only:
+        for f in write_report(args.plot_only):
+            print(f"wrote {f}")
+        return 0
+    out = args.resume or args.out
+    spec = _resumed_run(out) if args.resume else _new_run(args)
     import torch
 
     from rllib_amp.bench.harness import in_child
     from rllib_amp.bench.report import machine_description
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = spec["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
-    curves: dict[tuple[str, int], list[Point]] = {}
-    for seed in seeds:
-        for path in (STOCK, AMP):
-            curves[(path, seed)] = in_child(
-                train_one, path, seed, args.steps, device, training, timeout_s=RUN_TIMEOUT_S
-            )
-    summary = summarize(curves)
-    print(f"rllib-amp Pong learning, {machine_description(device)}")
-    print(table(summary, args.steps))
-    for name, ok in verdicts(summary).items():
-        print(f"{name}: {'yes' if ok else 'NO'}")
-    for f in write_outputs(curves, args.out):
+    machine = machine_description(device)
+    print(f"rllib-amp Pong learning, {machine}", flush=True)
+    for seed in spec["seeds"]:
+        for path in spec["paths"]:
+            rows = [r for r in read_rows(os.path.join(out, CURVES))
+                    if r["run"] == _run_name(path, seed)]  # fmt: skip
+            if rows and max(r["env_steps"] for r in rows) >= spec["steps"]:
+                continue
+            in_child(
+                train_one, out, path, seed, spec["steps"], device, spec["batch"],
+                spec["checkpoint_every"], machine, timeout_s=RUN_TIMEOUT_S,
+            )  # fmt: skip
+    rows = read_rows(os.path.join(out, CURVES))
+    print(table(rows))
+    for f in write_report(out):
         print(f"wrote {f}")
     return 0
 

@@ -26,10 +26,10 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-from rllib_amp.algorithms import ALGORITHMS, algorithm
-from rllib_amp.checks import is_number, suggest
 from rllib_amp.envs import configure as envs
 from rllib_amp.envs import models
+from rllib_amp.algorithms import ALGORITHMS, algorithm
+from rllib_amp.checks import is_number, suggest
 from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.settings import AmpSettings, WarmStart, check_pbt_mutations
 
@@ -95,7 +95,6 @@ PBT_EXAMPLE = (
 CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
 # Numeric training keys checked here (RLlib checks the rest when the config is built).
 TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
-    "lr": ((int, float), 0.0, None),
     "gamma": ((int, float), 0.0, 1.0),
     "train_batch_size": ((int,), 1, MAX_BATCH),
     "train_batch_size_per_learner": ((int,), 1, MAX_BATCH),
@@ -164,6 +163,31 @@ def _number(
         raise _err(path, key, f"got {v!r}; must be >= {lo}")
     if hi is not None and v > hi:
         raise _err(path, key, f"got {v!r}; must be <= {hi}")
+
+
+LR_SCHEDULE_EXAMPLE = "lr: [[0, 2.5e-4], [3000000, 0.0]]"
+
+
+def _lr(path: str, v: Any) -> None:
+    """A learning rate >= 0, or RLlib's schedule form: [[env_step, lr], ...] pairs, steps
+    increasing from 0, interpolated linearly (RLlib's ``Scheduler``)."""
+    if is_number(v):
+        _number(path, "training.lr", v, (int, float), 0.0)
+        return
+    fix = f"give a number or RLlib's schedule form, e.g. {LR_SCHEDULE_EXAMPLE}"
+    if not isinstance(v, list) or not v:
+        raise _err(path, "training.lr", f"got {v!r}; {fix}")
+    previous = -1
+    for pair in v:
+        ok = isinstance(pair, list) and len(pair) == 2
+        step, lr = pair if ok else (None, None)
+        ok = ok and isinstance(step, int) and not isinstance(step, bool) and step > previous
+        ok = ok and is_number(lr) and math.isfinite(lr) and lr >= 0
+        if not ok:
+            raise _err(path, "training.lr", f"got the pair {pair!r} in {v!r}; {fix}")
+        previous = step
+    if v[0][0] != 0:
+        raise _err(path, "training.lr", f"got {v!r}: the schedule must start at step 0; {fix}")
 
 
 @functools.cache
@@ -420,6 +444,8 @@ def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     training = _mapping(path, "training", value)
     cls = algorithm(exp["algorithm"]).config_class
     _keys(path, "training", training, _training_keys(cls))
+    if training.get("lr") is not None:
+        _lr(path, training["lr"])
     for k, (types, lo, hi) in TRAINING_NUMBERS.items():
         if training.get(k) is not None:
             _number(path, f"training.{k}", training[k], types, lo, hi)

@@ -1,9 +1,14 @@
-"""The Pong learning-evidence command: curves, summary, verdicts, outputs, bad input."""
+"""The Pong learning-evidence command: settings, milestones, the report from parquet alone,
+resumable runs (kill, resume, no gap or duplicate), bad input."""
 
 from __future__ import annotations
 
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -12,52 +17,106 @@ import yaml
 from rllib_amp.bench import pong_learning as P
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# (env steps, seconds, return): AMP twice as fast per step and a little better.
-CURVES = {
-    (P.STOCK, 0): [(1e5, 100.0, math.nan), (2e5, 200.0, -20.0), (3e5, 300.0, -17.0)],
-    (P.STOCK, 1): [(1e5, 110.0, -21.0), (2e5, 220.0, -19.0), (3e5, 330.0, -15.0)],
-    (P.AMP, 0): [(1e5, 50.0, -21.0), (2e5, 100.0, -16.0), (3e5, 150.0, -14.0)],
-    (P.AMP, 1): [(1e5, 55.0, -20.0), (2e5, 110.0, -18.0), (3e5, 165.0, -15.5)],
-}
+MACHINE = "test machine"
 
 
-def test_the_settings_are_the_pong_experiments():
+def _rows(run: str, path: str, seed: int, points, date="2026-12-01"):
+    return [
+        {"run": run, "path": path, "seed": seed, "iteration": i + 1, "env_steps": s,
+         "seconds": t, "return": r, "date": date, "machine": MACHINE}
+        for i, (s, t, r) in enumerate(points)
+    ]  # fmt: skip
+
+
+def test_the_settings_are_the_pong_experiments_and_cleanrls():
     with open(os.path.join(ROOT, "tune_configs", "pong_ppo_amp.yaml"), encoding="utf-8") as f:
-        assert yaml.safe_load(f)["training"] == P.TRAINING
+        exp = yaml.safe_load(f)
+    steps = exp["stop"]["num_env_steps_sampled_lifetime"]
+    assert exp["training"] == {**P.TRAINING, "lr": P.lr_schedule(steps)}
+    # CleanRL's ppo_atari, where RLlib's PPO defaults differ.
+    t = P.TRAINING
+    assert (t["clip_param"], t["vf_loss_coeff"], t["entropy_coeff"]) == (0.1, 0.5, 0.01)
+    assert t["use_kl_loss"] is False and t["kl_coeff"] == 0.0
+    assert (t["grad_clip"], t["grad_clip_by"]) == (0.5, "global_norm")
+    assert t["train_batch_size_per_learner"] // t["minibatch_size"] == 4
+    assert P.lr_schedule(steps) == [[0, 2.5e-4], [steps, 0.0]]
 
 
-def test_summary_final_returns_spread_speed_and_time_to_stocks_final_return():
-    s = P.summarize(CURVES)
-    assert list(s) == [P.STOCK, P.AMP]
-    assert s[P.STOCK]["finals"] == [-17.0, -15.0] and s[P.STOCK]["final"] == -16.0
-    assert s[P.STOCK]["spread"] == 1.0
-    assert s[P.AMP]["final"] == -14.75
-    assert s[P.AMP]["env_steps_per_s"] == pytest.approx((2000 + 3e5 / 165) / 2)
-    # Stock's mean final return is -16: AMP seed 0 reaches it at 100 s, seed 1 at 165 s.
-    assert s[P.AMP]["time_to_stock_final"] == [100.0, 165.0]
-    assert s[P.STOCK]["time_to_stock_final"] == [None, 330.0]
-    assert P.verdicts(s) == {"no worse than stock": True, "sooner in wall-clock time": True}
-    table = P.table(s, 300_000)
-    assert "| rllib-amp (amp native) | -14.8 +- 0.8 (-14.0, -15.5) |" in table
+def test_the_pong_experiment_file_passes_the_schema():
+    from rllib_amp import experiment as E
+
+    exp = E.load(os.path.join(ROOT, "tune_configs", "pong_ppo_amp.yaml"))
+    assert exp.data["training"]["lr"][0] == [0, 2.5e-4]
+    assert exp.algorithm_config().lr == [[0, 2.5e-4], [3_000_000, 0.0]]
 
 
-def test_verdicts_fail_when_amp_learns_worse_or_never_gets_there():
-    worse = {**CURVES, (P.AMP, 0): [(1e5, 50.0, -21.0), (3e5, 150.0, -21.0)]}
-    worse[(P.AMP, 1)] = [(1e5, 55.0, -21.0), (3e5, 165.0, -20.0)]
-    assert P.verdicts(P.summarize(worse)) == {
-        "no worse than stock": False,
-        "sooner in wall-clock time": False,
-    }
+@pytest.mark.parametrize(
+    "lr, fragment",
+    [
+        ([[100, 1e-3]], "must start at step 0"),
+        ([[0, 1e-3], [0, 0.0]], "got the pair [0, 0.0]"),
+        ([[0, -1.0]], "got the pair [0, -1.0]"),
+        ("fast", "give a number or RLlib's schedule form"),
+        (-1.0, "must be >= 0"),
+    ],
+)
+def test_a_bad_lr_schedule_names_the_key_and_the_form(lr, fragment):
+    from rllib_amp.experiment.schema import ExperimentError, validate
+
+    raw = {"algorithm": "PPO", "env": "CartPole-v1", "training": {"lr": lr}}
+    with pytest.raises(ExperimentError, match="training.lr") as e:
+        validate(raw)
+    assert fragment in str(e.value)
 
 
-def test_outputs_are_a_parquet_of_every_point_and_a_png(tmp_path):
+def test_milestones_returns_at_1m_2m_3m_and_steps_and_time_to_0_and_18():
+    rows = _rows("r", P.AMP, 0, [(5e5, 600.0, -20.0), (1.0e6, 1200.0, math.nan),
+                                 (1.1e6, 1300.0, -8.0), (2.2e6, 2600.0, 3.0),
+                                 (3.0e6, 3600.0, 18.5)])  # fmt: skip
+    m = P.run_milestones(rows)
+    # At 1M the return is NaN (no episode ended): the first finite point past 1M counts.
+    assert m["return_at_1M"] == -8.0 and m["return_at_2M"] == 3.0 and m["return_at_3M"] == 18.5
+    assert (m["steps_to_0"], m["seconds_to_0"]) == (2.2e6, 2600.0)
+    assert (m["steps_to_18"], m["seconds_to_18"]) == (3.0e6, 3600.0)
+    assert m["final"] == 18.5
+    never = P.run_milestones(_rows("q", P.AMP, 1, [(1e5, 10.0, -21.0)]))
+    assert never["return_at_1M"] is None and never["steps_to_0"] is None
+
+
+def test_amp_against_fp32_at_1m_uses_the_seed_spread():
+    runs = {}
+    for path, vals in ((P.AMP, (-10.0, -16.0)), (P.FP32_NATIVE, (-11.0, -12.0))):
+        for seed, v in enumerate(vals):
+            runs[("d", path, seed)] = _rows(f"{path}{seed}", path, seed, [(1e6, 1.0, v)])
+    c = P.compare_at(runs, 1_000_000)
+    assert c["mean"] == -13.0 and c["reference_mean"] == -11.5 and c["no_worse"]
+    runs[("d", P.AMP, 0)] = _rows("a0", P.AMP, 0, [(1e6, 1.0, -20.0)])
+    runs[("d", P.AMP, 1)] = _rows("a1", P.AMP, 1, [(1e6, 1.0, -20.5)])
+    assert P.compare_at(runs, 1_000_000)["no_worse"] is False
+    del runs[("d", P.AMP, 1)]
+    assert P.compare_at(runs, 1_000_000) is None  # one seed is no evidence
+
+
+def test_plot_only_builds_the_figure_and_table_from_the_parquet_files_alone(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    written = P.write_outputs(CURVES, str(tmp_path / "out"))
-    rows = pq.read_table(written[0]).to_pylist()
-    assert len(rows) == 12 and {r["path"] for r in rows} == {P.STOCK, P.AMP}
-    assert rows[0].keys() == {"path", "seed", "env_steps", "seconds", "return"}
-    with open(written[1], "rb") as f:
+    day1 = _rows("amp-native-seed0", P.AMP, 0, [(1e6, 3600.0, -15.0), (2e6, 7200.0, 1.0)])
+    day2 = _rows("amp-native-seed1", P.AMP, 1, [(1e6, 3500.0, -12.0)], date="2026-12-02")
+    P.write_rows(day1, str(tmp_path / "2026-12-01.parquet"))
+    os.makedirs(tmp_path / "later")
+    P.write_rows(day2, str(tmp_path / "later" / "curves.parquet"))
+    assert P.main(["--plot-only", str(tmp_path)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with open(tmp_path / "learning.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "table.md").read_text()
+    assert "| 2026-12-01 | amp-native | 0 | 2.00M | 2.00 | -15.0 | 1.0 | - | 1.0 |" in table
+    assert "| 2026-12-02 | amp-native | 1 | 1.00M |" in table
+    assert "0.00M" not in table
+
+
+def test_plot_only_of_a_folder_without_curves_exits_2(tmp_path, capsys):
+    assert P.main(["--plot-only", str(tmp_path)]) == 2
+    assert "no curve rows" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -67,23 +126,57 @@ def test_outputs_are_a_parquet_of_every_point_and_a_png(tmp_path):
         (["--seeds", "a,b"], "--seeds: got 'a,b'; give integers"),
         (["--seeds", ","], "--seeds: got no seed"),
         (["--batch", "1"], "--batch: got 1; must be >= 2"),
+        (["--paths", "amp"], "--paths: got 'amp'; give one or more of stock, fp32-native"),
+        (["--checkpoint-every", "0"], "--checkpoint-every: got 0; must be >= 1"),
         (["--stepz", "5"], "unrecognized arguments: --stepz 5"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(capsys, args, fragment):
-    assert P.main(args) == 2
+def test_bad_input_exits_2_with_one_line(capsys, tmp_path, args, fragment):
+    assert P.main([*args, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err and err.startswith(P.PROG)
 
 
-@pytest.mark.slow  # two Pong runs in fresh processes: about a minute on 2 cores
-def test_a_tiny_run_trains_both_paths_and_writes_its_outputs(tmp_path, capsys):
+def test_resume_of_a_folder_without_a_run_and_a_second_start_exit_2(tmp_path, capsys):
+    assert P.main(["--resume", str(tmp_path)]) == 2
+    assert "holds no run.json" in capsys.readouterr().err
+    (tmp_path / P.RUN_FILE).write_text("{}")
+    assert P.main(["--out", str(tmp_path)]) == 2
+    assert f"continue it with --resume {tmp_path}" in capsys.readouterr().err
+
+
+def _curve(out):
+    rows = pq.read_table(str(out / P.CURVES)).to_pylist()
+    return [(r["iteration"], r["env_steps"]) for r in rows]
+
+
+@pytest.mark.slow  # a killed and resumed Pong run in fresh processes: about a minute
+def test_a_killed_run_resumes_from_its_checkpoint_without_gap_or_duplicate(tmp_path):
     out = tmp_path / "pong"
-    rc = P.main(["--steps", "256", "--seeds", "0", "--batch", "128", "--device", "cpu",
-                 "--out", str(out)])  # fmt: skip
-    text = capsys.readouterr().out
-    assert rc == 0, text
-    rows = pq.read_table(str(out / "curves.parquet")).to_pylist()
-    assert {r["path"] for r in rows} == {P.STOCK, P.AMP}
-    assert all(r["env_steps"] >= 128 for r in rows)
-    assert "| stock (fp32 wrappers) |" in text and "no worse than stock:" in text
+    cmd = [sys.executable, "-m", "rllib_amp.bench.pong_learning", "--paths", "amp-native",
+           "--seeds", "0", "--steps", "2048", "--batch", "128", "--checkpoint-every", "3",
+           "--device", "cpu", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if (out / P.CURVES).exists() and len(_curve(out)) >= 5:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _curve(out)
+    assert 5 <= len(before) < 16, before
+    ckpt = P.last_checkpoint(str(out), P.AMP, 0)
+    assert ckpt is not None and ckpt["iteration"] % 3 == 0
+    resume = [sys.executable, "-m", "rllib_amp.bench.pong_learning", "--resume", str(out)]
+    done = subprocess.run(resume, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = _curve(out)
+    # Points up to the checkpoint are kept as they were; the rest trained again once.
+    assert after[: ckpt["iteration"]] == before[: ckpt["iteration"]]
+    assert [i for i, _ in after] == list(range(1, len(after) + 1))
+    steps = [s for _, s in after]
+    assert steps == sorted(set(steps)) and steps[-1] >= 2048
+    assert all(b - a <= 2 * 128 for a, b in zip(steps, steps[1:]))  # no gap
+    assert (out / "learning.png").exists() or "matplotlib" not in sys.modules

@@ -9,7 +9,7 @@ import os
 import pytest
 from ray.rllib.algorithms.algorithm import Algorithm
 
-from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME
+from rllib_amp.checkpoints.verify import MANIFEST_FILE_NAME
 from tests.integration.common import (
     amp_config,
     learner,
@@ -171,7 +171,7 @@ def test_resume_falls_back_past_a_damaged_latest_checkpoint(tmp_path):
     """A trial fails after two checkpoints; the newer is damaged; Tune resumes from the older."""
     from ray import tune
 
-    from rllib_amp.checkpoint_fallback import resume_from_intact_checkpoints
+    from rllib_amp.checkpoints.fallback import resume_from_intact_checkpoints
 
     marker = tmp_path / "fail_at_iteration_3"
     marker.touch()
@@ -223,3 +223,34 @@ def test_resume_falls_back_past_a_damaged_latest_checkpoint(tmp_path):
     # Resumed from iteration 1 (checkpoint_000000), so iteration 2 ran twice.
     assert iterations == [1, 2, 2, 3]
     assert (trial / "checkpoint_000001.damaged" / "env_runner" / "state.pkl").exists()
+
+
+def _lr(algo_obj) -> float:
+    (optimizer,) = learner(algo_obj)._named_optimizers.values()
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def test_an_lr_schedule_continues_across_a_checkpoint_restore(tmp_path):
+    # RLlib's schedule form, as tune_configs/pong_ppo_amp.yaml anneals its lr: 1e-3 at step 0
+    # down to 0 at step 1024; PPO samples 128 env steps per iteration.
+    cfg = amp_config("PPO", dtype="bfloat16").training(lr=[[0, 1e-3], [1024, 0.0]])
+    a = cfg.build_algo()
+    try:
+        for _ in range(3):
+            a.train()
+        lr_saved = _lr(a)
+        a.save_to_path(str(tmp_path / "ckpt"))
+        a.train()
+        lr_next = _lr(a)
+    finally:
+        a.stop()
+    # The schedule is on env steps: 1e-3 * (1 - steps/1024) after the last update.
+    assert lr_next < lr_saved < 1e-3
+    b = cfg.build_algo()
+    try:
+        b.restore_from_path(str(tmp_path / "ckpt"))
+        assert _lr(b) == pytest.approx(lr_saved)  # not the schedule's start again
+        b.train()
+        assert _lr(b) == pytest.approx(lr_next)  # and it goes on where it left off
+    finally:
+        b.stop()
