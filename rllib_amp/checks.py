@@ -5,12 +5,14 @@ Example:
     " (did you mean 'init_scale'?)"
     >>> is_number(True), is_number(2.5)
     (False, True)
+    >>> dotted({"amp": {"init_scale": 1024.0, "warm_start": {}}, "seed": 0})
+    {'amp.init_scale': 1024.0, 'amp.warm_start': {}, 'seed': 0}
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # How alike a typo and a real name must be for "did you mean" (difflib's ratio).
@@ -28,3 +30,16 @@ def suggest(key: str, allowed: Iterable[str]) -> str:
         str(key), [str(a) for a in allowed], n=1, cutoff=SUGGEST_CUTOFF
     )
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def dotted(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level of dotted keys (``amp.init_scale``), in order. An empty
+    mapping is a value of its own: ``{}`` set on purpose differs from a key left out."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(dotted(value, f"{name}."))
+        else:
+            out[name] = value
+    return out

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rllib_amp.checks import is_number, suggest
+from rllib_amp.checks import dotted, is_number, suggest
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -411,17 +411,6 @@ _NOT_MUTABLE_UNDER_PBT = {
 }
 
 
-def _dotted_keys(d: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.extend(_dotted_keys(value, f"{name}."))
-        else:
-            out.append(name)
-    return out
-
-
 def check_pbt_mutations(mutations: Mapping[str, Any], *, searched: Iterable[str] = ()) -> None:
     """Refuses AMP settings that Population Based Training cannot change mid-run.
 
@@ -438,7 +427,7 @@ def check_pbt_mutations(mutations: Mapping[str, Any], *, searched: Iterable[str]
         ...
         ValueError: hyperparam_mutations.amp.init_scale: cannot change under PBT: ...
     """
-    keyed = [("hyperparam_mutations", k) for k in _dotted_keys(mutations)]
+    keyed = [("hyperparam_mutations", k) for k in dotted(mutations)]
     keyed += [("search", str(k)) for k in searched]
     for where, key in keyed:
         parts = key.split(".")

@@ -1,9 +1,13 @@
-"""Shared fixtures: one local Ray per test session, kept on 127.0.0.1."""
+"""Shared fixtures: one local Ray per test session, kept on 127.0.0.1, and a home folder of
+the tests' own."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
+import tempfile
 
 # Before ray is imported anywhere: keep Ray on 127.0.0.1 instead of the machine's interface
 # address, so tests never touch the network and multi-node Clusters can be joined.
@@ -11,7 +15,38 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+# Before ray is imported anywhere: Ray reads the home folder at import time
+# (ray.train.constants.DEFAULT_STORAGE_PATH = ~/ray_results, where Tune and every Algorithm
+# built outside Tune write), and the CLI's default storage is ~/ray_results too. One home for
+# the whole session, not one per test: `ray start` nodes a fixture keeps across tests write
+# their auth token to ~/.ray and the drivers joining them read it from there. Subprocesses
+# (the CLI tests) inherit it.
+REAL_HOME = os.path.expanduser("~")
+TEST_HOME = tempfile.mkdtemp(prefix="rllib_amp_test_home_")
+atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
+os.environ["HOME"] = TEST_HOME
+# What else would take runs out of that home or into a user's choice of storage: Tune's
+# deprecated result-folder variables (Tune raises on them) and the CLI's storage default.
+HOME_DERIVED_ENV = (
+    "TUNE_RESULT_DIR",
+    "RAY_AIR_LOCAL_CACHE_DIR",
+    "RAY_STORAGE",
+    "RLLIB_AMP_STORAGE",
+)
+for _name in HOME_DERIVED_ENV:
+    os.environ.pop(_name, None)
+
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def test_home(monkeypatch) -> str:
+    """Every test runs with HOME at the session's own folder, whatever an earlier test set,
+    and without the variables that would send runs elsewhere (a test sets its own)."""
+    monkeypatch.setenv("HOME", TEST_HOME)
+    for name in HOME_DERIVED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return TEST_HOME
 
 
 def _free_port() -> int:

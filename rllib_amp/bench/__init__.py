@@ -41,47 +41,52 @@ Example:
     python -m rllib_amp.bench --quick --json bench.json
 """
 
-from rllib_amp.bench.atari_figures import (
-    bench_end_to_end_paths,
-    bench_memory_paths,
-    bench_replay_bytes,
-    bench_sampling,
-)
-from rllib_amp.bench.command import build_parser, main, run
-from rllib_amp.bench.figures import bench_end_to_end, bench_memory, bench_parity, bench_throughput
-from rllib_amp.bench.harness import in_child
-from rllib_amp.bench.report import (
-    check_outputs,
-    machine_description,
-    markdown,
-    markdown_targets,
-    rows_from,
-    targets,
-)
-from rllib_amp.bench.workloads import WORKLOADS, algo_config, build_learner, collect_data, update_fn
+from __future__ import annotations
 
-__all__ = [
-    "WORKLOADS",
-    "algo_config",
-    "bench_end_to_end",
-    "bench_end_to_end_paths",
-    "bench_memory_paths",
-    "bench_replay_bytes",
-    "bench_sampling",
-    "bench_memory",
-    "bench_parity",
-    "bench_throughput",
-    "build_learner",
-    "build_parser",
-    "check_outputs",
-    "collect_data",
-    "in_child",
-    "machine_description",
-    "main",
-    "markdown",
-    "markdown_targets",
-    "rows_from",
-    "run",
-    "targets",
-    "update_fn",
-]
+import importlib
+from typing import Any
+
+# Exported name -> the module that defines it. Loaded on first use: each module pulls in
+# torch and RLlib, which ``python -m rllib_amp.bench --help`` does not need.
+_EXPORTS = {
+    **dict.fromkeys(
+        ("bench_end_to_end_paths", "bench_memory_paths", "bench_replay_bytes", "bench_sampling"),
+        "rllib_amp.bench.atari_figures",
+    ),
+    **dict.fromkeys(("build_parser", "main", "run"), "rllib_amp.bench.command"),
+    **dict.fromkeys(
+        ("bench_end_to_end", "bench_memory", "bench_parity", "bench_throughput"),
+        "rllib_amp.bench.figures",
+    ),
+    "in_child": "rllib_amp.bench.harness",
+    **dict.fromkeys(
+        (
+            "check_outputs",
+            "machine_description",
+            "markdown",
+            "markdown_targets",
+            "rows_from",
+            "targets",
+        ),
+        "rllib_amp.bench.report",
+    ),
+    **dict.fromkeys(
+        ("WORKLOADS", "algo_config", "build_learner", "collect_data", "update_fn"),
+        "rllib_amp.bench.workloads",
+    ),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rllib_amp.bench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,4 +1,4 @@
-"""Metric keys rllib-amp reports, in one place.
+"""Metric keys rllib-amp reports, in one place; their Ray gauges; the trial a learner serves.
 
 Per module, in the learner results (``result["learners"][module_id][KEY]``), so Tune,
 TensorBoard and the Ray dashboard see them.
@@ -10,10 +10,7 @@ Example:
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import time
 from typing import Any
 
 # The loss scale after the learner's last update (1.0 when no scaling: bfloat16).
@@ -86,6 +83,7 @@ def trial_name(algorithm: Any) -> str:
     storage folder, which Tune sets before ``setup``, still names it.
 
     Example:
+        >>> from types import SimpleNamespace
         >>> trial_name(SimpleNamespace(trial_name="default", _storage=SimpleNamespace(
         ...     trial_dir_name="PPO_CartPole-v1_f1412_00000_0_lr=0.001_2026-11-30_15-01-38")))
         'PPO_CartPole-v1_f1412_00000'
@@ -109,64 +107,3 @@ def tag_learners_with_trial(*, algorithm: Any, **kwargs: Any) -> None:
             learner.set_amp_trial(trial)
 
     algorithm.learner_group.foreach_learner(tag)
-
-
-# -- Grafana ---------------------------------------------------------------------------------
-# The dashboard for the gauges above (package data), and the file name it gets beside Ray's own
-# dashboards (Ray names them <what>_grafana_dashboard.json).
-GRAFANA_DASHBOARD = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "grafana_dashboard.json"
-)
-GRAFANA_DASHBOARD_NAME = "rllib_amp_grafana_dashboard.json"
-# Ray's dashboard on the head writes its Grafana provisioning under <session>/metrics/grafana
-# (ray/dashboard/modules/metrics/metrics_head.py); these variables move it.
-GRAFANA_OUTPUT_DIR_ENV = "RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR"
-METRICS_ROOT_ENV = "RAY_METRICS_OUTPUT_ROOT"
-# Ray's own dashboard file there: once it exists, Ray has finished (re)writing the folder.
-RAY_DEFAULT_DASHBOARD = "default_grafana_dashboard.json"
-
-
-def grafana_dashboard_dir(session_dir: str | None = None) -> str | None:
-    """The folder Ray's Grafana provisioning reads dashboards from, on this node; None where
-    there is none (a worker node, or a Ray without its dashboard)."""
-    explicit = os.environ.get(GRAFANA_OUTPUT_DIR_ENV)
-    if explicit:
-        return explicit
-    if session_dir is None:
-        import ray
-
-        node = ray._private.worker.global_worker.node if ray.is_initialized() else None
-        if node is None:
-            return None
-        session_dir = node.get_session_dir_path()
-    root = os.environ.get(METRICS_ROOT_ENV) or os.path.join(session_dir, "metrics")
-    if not os.path.isdir(root):  # only the head's dashboard makes it
-        return None
-    return os.path.join(root, "grafana", "dashboards")
-
-
-def install_grafana_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> str | None:
-    """Copies the AMP dashboard where Ray's Grafana provisioning picks it up; returns its
-    path, or None when this node has no such folder (run it on the head).
-
-    Ray's metrics module clears and rewrites that folder when the dashboard starts, so this
-    waits (up to ``wait_s``) for Ray's own dashboard file before adding ours.
-
-    Example:
-        >>> ray.init()  # doctest: +SKIP
-        >>> install_grafana_dashboard()  # doctest: +SKIP
-        '/tmp/ray/session_.../metrics/grafana/dashboards/rllib_amp_grafana_dashboard.json'
-    """
-    folder = grafana_dashboard_dir(session_dir)
-    if folder is None:
-        return None
-    if not os.environ.get(GRAFANA_OUTPUT_DIR_ENV):
-        deadline = time.monotonic() + wait_s
-        while not os.path.isfile(os.path.join(folder, RAY_DEFAULT_DASHBOARD)):
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.2)
-    os.makedirs(folder, exist_ok=True)
-    target = os.path.join(folder, GRAFANA_DASHBOARD_NAME)
-    shutil.copyfile(GRAFANA_DASHBOARD, target)
-    return target

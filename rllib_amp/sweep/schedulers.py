@@ -9,12 +9,12 @@ growth tracker. ``init_scale`` and ``warm_start`` cannot mutate (the schema refu
 
 Mutations are given by dotted experiment keys; Tune needs them where they sit in a trial's
 config dict (AMP settings under ``learner_config_dict.rllib_amp``), which ``config_path``
-(``rllib_amp.sweep.main.config_path``) says.
+(``rllib_amp.sweep.summary.config_path``) says.
 
 Example:
     >>> from rllib_amp import experiment as E
     >>> exp = E.load("tune_configs/cartpole_ppo_pbt.yaml")
-    >>> from rllib_amp.sweep.main import config_path
+    >>> from rllib_amp.sweep.summary import config_path
     >>> sched = scheduler(exp, config_path)
     >>> amp = sched._hyperparam_mutations["learner_config_dict"]["rllib_amp"]
     >>> type(sched).__name__, amp["growth_interval"]

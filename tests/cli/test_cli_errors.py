@@ -19,6 +19,9 @@ import yaml
 
 from rllib_amp import cli as C
 from rllib_amp.sweep import main as cli
+from rllib_amp.sweep import resume as R
+from rllib_amp.sweep import summary
+from rllib_amp.sweep import tuner as T
 from tests.cli.test_hostile_input import ray_must_not_start  # noqa: F401 - a fixture
 from tests.cli.test_tune_cli import tiny_file
 
@@ -104,9 +107,7 @@ def stored_run(tmp_path, *sets: str) -> list[str]:
     from rllib_amp import experiment as E
 
     exp = E.load(config, overrides=list(sets))
-    (tmp_path / "store" / "old" / cli.EXPERIMENT_FILE).write_bytes(
-        cli._dump(cli._run_spec(exp, None))
-    )
+    (tmp_path / "store" / "old" / R.EXPERIMENT_FILE).write_bytes(R.dump(R.run_spec(exp, None)))
     return argv
 
 
@@ -314,8 +315,8 @@ def test_fit_tells_an_interrupted_sweep_from_a_finished_one():
             return "grid"
 
     before = signal.getsignal(signal.SIGINT)
-    assert cli._fit(Tuner(False)) == ("grid", False)
-    assert cli._fit(Tuner(True)) == ("grid", True)
+    assert T.fit(Tuner(False)) == ("grid", False)
+    assert T.fit(Tuner(True)) == ("grid", True)
     assert signal.getsignal(signal.SIGINT) is before
 
 
@@ -346,11 +347,11 @@ def test_a_trial_without_results_shows_its_id_and_root_error_without_colour(tmp_
         path=str(tmp_path / "PPO_CartPole-v1_3c1f5_00001_1_init_scale=1024_2026-11-30"),
     )  # fmt: skip
     exp = E.load(tiny_file(tmp_path))
-    (row,) = cli.summarize(exp, [result])
+    (row,) = summary.summarize(exp, [result])
     assert row["trial_id"] == "3c1f5_00001" and row["status"] == "ERROR"
     assert row["error"] == "Cause: env 'X' exploded"
     plain = RuntimeError("\x1b[31mray::T()\x1b[0m\nTraceback\nKeyError: 'x'")
-    assert cli.root_error(plain) == "KeyError: 'x'"
+    assert C.root_error(plain) == "KeyError: 'x'"
 
 
 # -- the in-process Ray ---------------------------------------------------------------------
@@ -374,5 +375,5 @@ def test_no_address_starts_its_own_ray_despite_a_stale_cluster_record(tmp_path):
     table = pq.read_table(str(tmp_path / "fresh" / "results.parquet")).to_pylist()
     assert [r["status"] for r in table] == ["DONE"]
     assert time.monotonic() - start < 240
-    stored = yaml.safe_load((tmp_path / "fresh" / cli.EXPERIMENT_FILE).read_text())
+    stored = yaml.safe_load((tmp_path / "fresh" / R.EXPERIMENT_FILE).read_text())
     assert stored["amp"]["dtype"] == "float16" and "storage_path" not in stored

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from rllib_amp import experiment as E
 from rllib_amp.learner import metrics as M
 from rllib_amp.learner.metrics import tag_learners_with_trial
+from rllib_amp.sweep import grafana as G
 from rllib_amp.sweep import main as tune_cli
 from tests.cli.test_tune_cli import tiny_file
 from tests.integration.common import learner, train_until_learned
@@ -73,7 +74,7 @@ def test_amp_metrics_reach_the_nodes_prometheus_endpoint(ray_metrics_url, tmp_pa
 
 # -- the Grafana dashboard ------------------------------------------------------------------
 def _dashboard() -> dict:
-    with open(M.GRAFANA_DASHBOARD, encoding="utf-8") as f:
+    with open(G.GRAFANA_DASHBOARD, encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -106,7 +107,8 @@ def test_dashboard_is_a_valid_grafana_dashboard():
     # shipped in the wheel, not only in a checkout
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
         package_data = f.read().split("[tool.setuptools.package-data]", 1)[1].split("\n[")[0]
-    assert f'rllib_amp = ["{os.path.basename(M.GRAFANA_DASHBOARD)}"]' in package_data
+    assert f'"rllib_amp.sweep" = ["{os.path.basename(G.GRAFANA_DASHBOARD)}"]' in package_data
+    assert os.path.dirname(G.GRAFANA_DASHBOARD) == os.path.join(ROOT, "rllib_amp", "sweep")
 
 
 def test_dashboard_queries_exactly_the_metrics_the_learners_export():
@@ -128,20 +130,20 @@ def test_dashboard_queries_exactly_the_metrics_the_learners_export():
 
 
 def test_dashboard_is_installed_where_rays_grafana_provisioning_reads(tmp_path, monkeypatch):
-    monkeypatch.delenv(M.GRAFANA_OUTPUT_DIR_ENV, raising=False)
-    monkeypatch.delenv(M.METRICS_ROOT_ENV, raising=False)
+    monkeypatch.delenv(G.GRAFANA_OUTPUT_DIR_ENV, raising=False)
+    monkeypatch.delenv(G.METRICS_ROOT_ENV, raising=False)
     session = tmp_path / "session"
     session.mkdir()
-    assert M.install_grafana_dashboard(str(session), wait_s=0.1) is None  # not a head
+    assert G.install_dashboard(str(session), wait_s=0.1) is None  # not a head
     folder = session / "metrics" / "grafana" / "dashboards"
     folder.mkdir(parents=True)
-    (folder / M.RAY_DEFAULT_DASHBOARD).write_text("{}")  # Ray has written its provisioning
-    path = M.install_grafana_dashboard(str(session))
-    assert path == str(folder / M.GRAFANA_DASHBOARD_NAME)
-    assert json.loads((folder / M.GRAFANA_DASHBOARD_NAME).read_text()) == _dashboard()
+    (folder / G.RAY_DEFAULT_DASHBOARD).write_text("{}")  # Ray has written its provisioning
+    path = G.install_dashboard(str(session))
+    assert path == str(folder / G.GRAFANA_DASHBOARD_NAME)
+    assert json.loads((folder / G.GRAFANA_DASHBOARD_NAME).read_text()) == _dashboard()
     elsewhere = tmp_path / "provisioned"
-    monkeypatch.setenv(M.GRAFANA_OUTPUT_DIR_ENV, str(elsewhere))
-    assert M.install_grafana_dashboard(str(session)) == str(elsewhere / M.GRAFANA_DASHBOARD_NAME)
+    monkeypatch.setenv(G.GRAFANA_OUTPUT_DIR_ENV, str(elsewhere))
+    assert G.install_dashboard(str(session)) == str(elsewhere / G.GRAFANA_DASHBOARD_NAME)
 
 
 def test_after_a_tiny_sweep_the_dashboards_metrics_are_on_the_prometheus_endpoint(

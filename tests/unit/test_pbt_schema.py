@@ -6,7 +6,7 @@ import pytest
 
 from rllib_amp import experiment as E
 from rllib_amp.sweep import schedulers
-from rllib_amp.sweep.main import config_path
+from rllib_amp.sweep.summary import config_path
 
 BASE = {
     "algorithm": "PPO",

@@ -1,0 +1,72 @@
+"""The AMP Grafana dashboard for the Ray gauges of ``rllib_amp.learner.metrics``, installed
+beside Ray's own dashboards on the head node, where Ray's Grafana provisioning picks it up.
+
+Example:
+    >>> os.path.basename(GRAFANA_DASHBOARD)
+    'grafana_dashboard.json'
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+# The dashboard for those gauges (package data), and the file name it gets beside Ray's own
+# dashboards (Ray names them <what>_grafana_dashboard.json).
+GRAFANA_DASHBOARD = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "grafana_dashboard.json"
+)
+GRAFANA_DASHBOARD_NAME = "rllib_amp_grafana_dashboard.json"
+# Ray's dashboard on the head writes its Grafana provisioning under <session>/metrics/grafana
+# (ray/dashboard/modules/metrics/metrics_head.py); these variables move it.
+GRAFANA_OUTPUT_DIR_ENV = "RAY_METRICS_GRAFANA_DASHBOARD_OUTPUT_DIR"
+METRICS_ROOT_ENV = "RAY_METRICS_OUTPUT_ROOT"
+# Ray's own dashboard file there: once it exists, Ray has finished (re)writing the folder.
+RAY_DEFAULT_DASHBOARD = "default_grafana_dashboard.json"
+
+
+def grafana_dashboard_dir(session_dir: str | None = None) -> str | None:
+    """The folder Ray's Grafana provisioning reads dashboards from, on this node; None where
+    there is none (a worker node, or a Ray without its dashboard)."""
+    explicit = os.environ.get(GRAFANA_OUTPUT_DIR_ENV)
+    if explicit:
+        return explicit
+    if session_dir is None:
+        import ray
+
+        node = ray._private.worker.global_worker.node if ray.is_initialized() else None
+        if node is None:
+            return None
+        session_dir = node.get_session_dir_path()
+    root = os.environ.get(METRICS_ROOT_ENV) or os.path.join(session_dir, "metrics")
+    if not os.path.isdir(root):  # only the head's dashboard makes it
+        return None
+    return os.path.join(root, "grafana", "dashboards")
+
+
+def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> str | None:
+    """Copies the AMP dashboard where Ray's Grafana provisioning picks it up; returns its
+    path, or None when this node has no such folder (run it on the head).
+
+    Ray's metrics module clears and rewrites that folder when the dashboard starts, so this
+    waits (up to ``wait_s``) for Ray's own dashboard file before adding ours.
+
+    Example:
+        >>> ray.init()  # doctest: +SKIP
+        >>> install_dashboard()  # doctest: +SKIP
+        '/tmp/ray/session_.../metrics/grafana/dashboards/rllib_amp_grafana_dashboard.json'
+    """
+    folder = grafana_dashboard_dir(session_dir)
+    if folder is None:
+        return None
+    if not os.environ.get(GRAFANA_OUTPUT_DIR_ENV):
+        deadline = time.monotonic() + wait_s
+        while not os.path.isfile(os.path.join(folder, RAY_DEFAULT_DASHBOARD)):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+    os.makedirs(folder, exist_ok=True)
+    target = os.path.join(folder, GRAFANA_DASHBOARD_NAME)
+    shutil.copyfile(GRAFANA_DASHBOARD, target)
+    return target

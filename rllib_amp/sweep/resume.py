@@ -1,0 +1,295 @@
+"""Experiment names, reruns and the resume rules.
+
+A run without ``--name`` gets the file's name and its start time
+(``cartpole_ppo_amp_2026-12-01_16-20-03``), so running the same command again starts a new
+run beside the old one. ``--resume`` without ``--name`` continues the newest run of that file
+in the storage. An explicit ``--name`` that already exists is refused: a new Tune experiment
+in that folder would replace results.parquet and orphan the old trials' checkpoints.
+
+Example:
+    >>> import datetime
+    >>> timestamped("tiny", datetime.datetime(2026, 12, 1, 16, 20, 3))
+    'tiny_2026-12-01_16-20-03'
+    >>> changed_keys({"amp": {"init_scale": 1.0}}, {"amp": {"init_scale": 2.0}})
+    ['amp.init_scale: 1.0 -> 2.0']
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import re
+import shlex
+from typing import Any
+
+from rllib_amp.checks import dotted
+from rllib_amp.cli import UsageError, root_error
+from rllib_amp.sweep import storage as S
+
+# The resolved experiment of the first start, beside results.parquet: --resume compares to it.
+EXPERIMENT_FILE = "experiment.yaml"
+# Keys of the resolved experiment that may change between a run and its --resume.
+UNCOMPARED_KEYS = ("storage_path",)
+# Sorts as text in time order, and is a valid folder name everywhere (no ':').
+STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
+_STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
+_NAME = re.compile(r"[\w][\w.+=-]{0,199}")
+# Tries at a fresh name before giving up: each failed try means another run took that name.
+_MAX_NAME_TRIES = 1000
+
+
+def check_name(name: str, where: str = "--name") -> None:
+    """An experiment name is one folder name under the storage path, never a path: UsageError
+    for ``''``, ``.``, ``..``, ``a/b``, ``../../x`` or characters a URI would misread.
+
+    Example:
+        >>> check_name("cartpole-amp_2")
+        >>> check_name("../x")
+        Traceback (most recent call last):
+        rllib_amp.cli.UsageError: --name: got '../x'; ...
+    """
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise UsageError(
+            f"{where}: got {name!r}; an experiment name is a folder name, not a path: 1 to 200 "
+            f"letters, digits, '.', '_', '-', '+', '=' (not starting with '.' or '-'), e.g. "
+            f"--name cartpole-amp; choose the folder with --storage-path"
+        )
+
+
+def timestamped(base: str, when: datetime.datetime | None = None, n: int = 1) -> str:
+    """``base_<when>`` (default: now); the ``n``-th run that starts within the same second
+    gets ``_n``. Looks at no storage: ``new_run_name`` makes sure no run has the name."""
+    when = when or datetime.datetime.now()
+    name = f"{base}_{when.strftime(STAMP_FORMAT)}"
+    return name if n == 1 else f"{name}_{n}"
+
+
+def runs_of(base: str, storage: str) -> list[str]:
+    """The names of the runs of file ``base`` in ``storage``, oldest first: the timestamped
+    ones, after a plain ``base`` (the name every run had before names carried a time)."""
+    import pyarrow.fs as pafs
+
+    pattern = re.compile(rf"{re.escape(base)}(?:_({_STAMP})(?:_(\d+))?)?")
+    fs, path = S.filesystem(storage)
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        return []
+    keyed = []
+    for entry in entries:
+        match = pattern.fullmatch(entry.base_name)
+        if match and entry.type == pafs.FileType.Directory:
+            stamp, n = match.groups()
+            keyed.append(((stamp or "", int(n or 1)), entry.base_name))
+    return [name for _, name in sorted(keyed)]
+
+
+def newest_run(base: str, storage: str) -> str | None:
+    """The newest run of file ``base`` in ``storage`` that holds anything, or None.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     for run in ("tiny_2026-12-01_16-20-03", "tiny_2026-12-01_16-20-03_2"):
+        ...         os.makedirs(os.path.join(d, run, "trial"))
+        ...     newest_run("tiny", d)
+        'tiny_2026-12-01_16-20-03_2'
+    """
+    for name in reversed(runs_of(base, storage)):
+        if taken(S.join(storage, name)):
+            return name
+    return None
+
+
+def new_run_name(base: str, storage: str) -> str:
+    """A name no run in ``storage`` has: ``base`` and the time now, ``_2``, ``_3``... for
+    further starts within the same second. On a local path the run's folder is created here,
+    atomically, so two commands started at once never share a folder (an object store has no
+    folders to create: there, the check is all there is)."""
+    now = datetime.datetime.now()
+    for n in range(1, _MAX_NAME_TRIES + 1):
+        name = timestamped(base, now, n)
+        location = S.join(storage, name)
+        if S.is_uri(storage):
+            if not S.exists(location):
+                return name
+            continue
+        try:
+            os.makedirs(storage, exist_ok=True)
+            os.mkdir(location)
+        except FileExistsError:
+            continue
+        except OSError:
+            return name  # not writable: the run's check_writable names the storage and fix
+        return name
+    raise UsageError(
+        f"--name: {_MAX_NAME_TRIES} runs of {base!r} started at {now:%H:%M:%S} in {storage}; "
+        f"pass --name NAME"
+    )
+
+
+def release(storage: str, name: str) -> None:
+    """Removes the folder ``new_run_name`` made if the run left nothing in it (it failed
+    before Tune wrote), so an empty folder is never taken for a run."""
+    if S.is_uri(storage):
+        return
+    # It holds the run's files, or is gone: either way it stays as it is.
+    with contextlib.suppress(OSError):
+        os.rmdir(S.join(storage, name))
+
+
+def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> str | None:
+    """The experiment name of this start, or None for a new run of file ``base`` (see
+    ``new_run_name``). Exit 2 for a name that is not a folder name, a ``--resume`` with
+    nothing to resume, or an explicit ``--name`` already used."""
+    if name is not None:
+        check_name(name)
+        exp_dir = S.join(storage, name)
+        if resume and not can_restore(exp_dir):
+            raise UsageError(
+                f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of "
+                f"the interrupted run"
+            )
+        if not resume:
+            refuse_taken(storage, name)
+        return name
+    check_name(base, "the config file's name")
+    if not resume:
+        return None
+    newest = newest_run(base, storage)
+    if newest is None or not can_restore(S.join(storage, newest)):
+        where = S.join(storage, newest) if newest else f"{storage} (no folder {base}_<time>)"
+        raise UsageError(
+            f"--resume: no experiment of {base!r} to continue at {where}; pass the --name "
+            f"and --storage-path of the interrupted run"
+        )
+    print(f"--resume: continuing the newest run of {base!r}: {newest}")
+    return newest
+
+
+def refuse_taken(storage: str, name: str) -> None:
+    """Exit 2 when an experiment named ``name`` (given with --name) is already in
+    ``storage``: Tune would start a new one in its folder and orphan the old trials."""
+    exp_dir = S.join(storage, name)
+    if taken(exp_dir):
+        raise UsageError(
+            f"--name: an experiment named {name!r} already exists at {exp_dir}; continue it "
+            f"with --resume, or start a new one with another --name (or none: the default "
+            f"name carries the start time)"
+        )
+
+
+def run_spec(exp: Any, num_samples: int | None) -> dict[str, Any]:
+    """What a run is: the resolved experiment, with --num-samples in it."""
+    spec = exp.resolved()
+    if num_samples is not None:
+        spec["tune"] = {**spec["tune"], "num_samples": num_samples}
+    for key in UNCOMPARED_KEYS:
+        spec.pop(key, None)
+    return spec
+
+
+def dump(spec: dict[str, Any]) -> bytes:
+    import yaml
+
+    return yaml.safe_dump(spec, sort_keys=False).encode()
+
+
+def changed_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for each dotted key whose value differs."""
+    old, new = dotted(stored), dotted(current)
+
+    def show(d: dict[str, Any], k: str) -> str:
+        return repr(d[k]) if k in d else "(not set)"
+
+    return [
+        f"{k}: {show(old, k)} -> {show(new, k)}"
+        for k in dict.fromkeys([*old, *new])
+        if old.get(k, ...) != new.get(k, ...)
+    ]
+
+
+def check_unchanged(exp_dir: str, spec: dict[str, Any], accept: bool) -> None:
+    """Exit 2 when the experiment differs from the one stored at the first start, unless
+    ``accept`` (--accept-changes), which prints what differs and goes on."""
+    import yaml
+
+    location = S.join(exp_dir, EXPERIMENT_FILE)
+    if not S.exists(location):
+        return  # started before experiments were stored: nothing to compare with
+    try:
+        stored = yaml.safe_load(S.read_bytes(location))
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(
+            f"--resume: cannot read {location} ({root_error(e)}); restore it, or start anew "
+            f"with another --name"
+        ) from None
+    diff = changed_keys(stored if isinstance(stored, dict) else {}, spec)
+    if diff and not accept:
+        raise UsageError(
+            f"--resume: the experiment differs from the one stored at {location}: "
+            f"{'; '.join(diff)}; resume with the same file and --set values, start a new run "
+            f"with another --name, or pass --accept-changes (trials already created keep "
+            f"their settings)"
+        )
+    if diff:
+        print(f"--accept-changes: resuming despite {'; '.join(diff)}")
+
+
+def resume_command(args: argparse.Namespace, exp: Any, name: str, storage: str) -> str:
+    """The command that continues this run: the same file, --set values and sample count."""
+    words = ["python", "-m", "rllib_amp.tune", "--config", exp.path, "--name", name]
+    words += ["--storage-path", storage]
+    for item in args.overrides:
+        words += ["--set", item]
+    if args.num_samples is not None:
+        words += ["--num-samples", str(args.num_samples)]
+    if args.address is not None:
+        words += ["--address", args.address]
+    return " ".join(shlex.quote(w) for w in [*words, "--resume"])
+
+
+def taken(exp_dir: str) -> bool:
+    """Whether an experiment (anything) is at ``exp_dir``. Storage that cannot be reached is
+    not judged here: --dry-run touches no storage, and a real run's check_writable names it."""
+    try:
+        return S.has_contents(exp_dir)
+    except OSError:
+        return False
+
+
+def can_restore(exp_dir: str) -> bool:
+    from ray import tune
+
+    try:
+        return bool(tune.Tuner.can_restore(exp_dir))
+    except (OSError, ValueError):
+        return False
+
+
+def fall_back_to_intact_checkpoints(exp_dir: str) -> None:
+    """Before Tuner.restore: trials whose latest checkpoint is damaged resume from their newest
+    intact one (checkpoint_fallback logs a WARNING naming both)."""
+    import logging
+
+    from rllib_amp.checkpoints import fallback as checkpoint_fallback
+
+    # Shown as "WARNING ..." on stderr whatever logging this process has set up (none: the
+    # CLI is the program), and only once.
+    logger = logging.getLogger(checkpoint_fallback.__name__)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(handler)
+    try:
+        checkpoint_fallback.resume_from_intact_checkpoints(exp_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # TypeError, KeyError: bad state
+        raise UsageError(
+            f"--resume: cannot read the checkpoints at {exp_dir} ({root_error(e)}); check the "
+            f"storage, or start anew with another --name"
+        ) from None
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
