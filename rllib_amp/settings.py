@@ -79,7 +79,7 @@ class WarmStart:
             return value
         if not isinstance(value, Mapping):
             raise ValueError(
-                f"warm_start: got {_short(value)}; expected a mapping such as "
+                f"warm_start: got {_brief(value)}; expected a mapping such as "
                 f"{{from: CHECKPOINT, modules: {{new_id: old_id}}}} (modules optional)"
             )
         for key in value:
@@ -114,19 +114,21 @@ def _checkpoint_path(value: Any) -> str:
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
         raise ValueError(
-            f"warm_start.from: got {_short(value)}; expected the path or URI of a checkpoint "
+            f"warm_start.from: got {_brief(value)}; expected the path or URI of a checkpoint "
             f"folder, e.g. /runs/stage1/checkpoint_000009"
         )
-    if "://" in value:
-        return value  # remote storage: read (and checked) where the learner runs
-    path = os.path.abspath(os.path.expanduser(value))  # Tune trials run in their own folder
-    if not os.path.exists(path):
+    # Imported here: pyarrow costs the command lines' --help a tenth of a second.
+    from rllib_amp.fs import existing_location
+
+    try:
+        # Absolute: Tune trials run in their own folder. A URI is checked where it is read.
+        return existing_location(value)
+    except FileNotFoundError:
         raise ValueError(
             f"warm_start.from: {value!r} does not exist; give an Algorithm checkpoint folder "
             f"(e.g. .../checkpoint_000009) or a learner folder of a float16 rllib-amp run, or "
             f"drop warm_start to start from init_scale"
-        )
-    return path
+        ) from None
 
 
 def _module_pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
@@ -134,14 +136,14 @@ def _module_pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
         return None
     if not isinstance(value, Mapping) or not value:
         raise ValueError(
-            f"warm_start.modules: got {_short(value)}; expected a non-empty mapping "
+            f"warm_start.modules: got {_brief(value)}; expected a non-empty mapping "
             f"{{new_id: old_id}} (this run's ModuleID -> the checkpoint's), or omit it to seed "
             f"every module from the module of the same id"
         )
     for new_id, old_id in value.items():
         if not isinstance(new_id, str) or not isinstance(old_id, str) or not new_id or not old_id:
             raise ValueError(
-                f"warm_start.modules: got {_short(new_id)}: {_short(old_id)}; both sides must "
+                f"warm_start.modules: got {_brief(new_id)}: {_brief(old_id)}; both sides must "
                 f"be ModuleIDs (non-empty strings), e.g. {{p1: default_policy}}"
             )
     return tuple(sorted(value.items()))
@@ -252,7 +254,7 @@ class AmpSettings:
         return AmpSettings.from_dict(merged)
 
 
-def _short(value: Any) -> str:
+def _brief(value: Any) -> str:
     """repr, but a 300-digit integer is shown by its size."""
     text = repr(value)
     return text if len(text) <= 24 else f"{text[:8]}... ({len(text)} digits)"
@@ -294,58 +296,58 @@ def _validate(s: AmpSettings) -> None:
     # Messages start with the key so callers can prefix where the key came from.
     if not (s.enabled == "auto" or isinstance(s.enabled, bool)):
         raise ValueError(
-            f"enabled: got {_short(s.enabled)}; allowed: 'auto' (or null), true, false"
+            f"enabled: got {_brief(s.enabled)}; allowed: 'auto' (or null), true, false"
         )
     if s.dtype not in DTYPES:
-        raise ValueError(f"dtype: got {_short(s.dtype)}; allowed: {', '.join(DTYPES)}")
+        raise ValueError(f"dtype: got {_brief(s.dtype)}; allowed: {', '.join(DTYPES)}")
     if s.inference_dtype not in INFERENCE_DTYPES:
         raise ValueError(
-            f"inference_dtype: got {_short(s.inference_dtype)}; "
+            f"inference_dtype: got {_brief(s.inference_dtype)}; "
             f"allowed: {', '.join(INFERENCE_DTYPES)}"
         )
     for key in ("init_scale", "growth_factor", "backoff_factor"):
         v = getattr(s, key)
         if not is_number(v) or not (isinstance(v, int) or math.isfinite(v)):
-            raise ValueError(f"{key}: got {_short(v)}; expected a finite number")
+            raise ValueError(f"{key}: got {_brief(v)}; expected a finite number")
     if s.init_scale <= 0:
         raise ValueError(
-            f"init_scale: got {_short(s.init_scale)}; must be > 0 (the default is 65536.0)"
+            f"init_scale: got {_brief(s.init_scale)}; must be > 0 (the default is 65536.0)"
         )
     if not MIN_INIT_SCALE <= s.init_scale <= FLOAT32_MAX:
         raise ValueError(
-            f"init_scale: got {_short(s.init_scale)}; must be within [{MIN_INIT_SCALE:g}, "
+            f"init_scale: got {_brief(s.init_scale)}; must be within [{MIN_INIT_SCALE:g}, "
             f"{FLOAT32_MAX:g}] (a float32 scale that can still scale a float16 loss); "
             f"the default is 65536.0"
         )
     if s.growth_factor > 2.0**16:
         raise ValueError(
-            f"growth_factor: got {_short(s.growth_factor)}; must be <= 65536 (one growth step must "
+            f"growth_factor: got {_brief(s.growth_factor)}; must be <= 65536 (one growth step must "
             f"not jump past float16's range); the default is 2.0"
         )
     if s.growth_factor <= 1:
         raise ValueError(
-            f"growth_factor: got {_short(s.growth_factor)}; must be > 1 (the default is 2.0)"
+            f"growth_factor: got {_brief(s.growth_factor)}; must be > 1 (the default is 2.0)"
         )
     if not 0 < s.backoff_factor < 1:
         raise ValueError(
-            f"backoff_factor: got {_short(s.backoff_factor)}; must be in (0, 1) "
+            f"backoff_factor: got {_brief(s.backoff_factor)}; must be in (0, 1) "
             f"(the default is 0.5)"
         )
     swf = s.skip_warning_fraction
     if not is_number(swf) or not 0 <= swf <= 1:
-        raise ValueError(f"skip_warning_fraction: got {_short(swf)}; must be a number in [0, 1]")
+        raise ValueError(f"skip_warning_fraction: got {_brief(swf)}; must be a number in [0, 1]")
     swu = s.skip_warning_updates
     if not isinstance(swu, int) or isinstance(swu, bool) or not 1 <= swu <= INT32_MAX:
         raise ValueError(
-            f"skip_warning_updates: got {_short(swu)}; must be an integer in [1, {INT32_MAX}]"
+            f"skip_warning_updates: got {_brief(swu)}; must be an integer in [1, {INT32_MAX}]"
         )
     for key in ("tune_cpu_malloc", "shared_scaler"):
         if not isinstance(getattr(s, key), bool):
-            raise ValueError(f"{key}: got {_short(getattr(s, key))}; allowed: true, false")
+            raise ValueError(f"{key}: got {_brief(getattr(s, key))}; allowed: true, false")
     gi = s.growth_interval
     if not isinstance(gi, int) or isinstance(gi, bool) or not 1 <= gi <= INT32_MAX:
         raise ValueError(
-            f"growth_interval: got {_short(gi)}; must be an integer in [1, {INT32_MAX}] "
+            f"growth_interval: got {_brief(gi)}; must be an integer in [1, {INT32_MAX}] "
             f"(GradScaler counts in int32); the default is 2000"
         )
 

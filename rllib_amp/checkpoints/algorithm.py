@@ -25,7 +25,8 @@ from ray.rllib.algorithms.ppo import PPO
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_amp.checkpoints.verify import resolve_path, verify_checkpoint, write_manifest
+from rllib_amp.checkpoints.verify import verify_checkpoint, write_manifest
+from rllib_amp.fs import resolve
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.
 _MixinBase: Any = Algorithm if TYPE_CHECKING else object
@@ -48,7 +49,7 @@ class AmpAlgorithmMixin(_MixinBase):
     ) -> str:
         if path is not None and filesystem is None:
             # Resolved once, so that RLlib and the manifest write to the same place.
-            filesystem, path = resolve_path(path)
+            filesystem, path = resolve(path)
         saved = super().save_to_path(
             path, state=state, filesystem=filesystem, use_msgpack=use_msgpack
         )

@@ -27,25 +27,18 @@ import fnmatch
 import json
 import logging
 import posixpath
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs
 
-from rllib_amp.checkpoints.verify import (
-    CheckpointError,
-    display_path,
-    is_dir,
-    resolve_path,
-    verify_checkpoint,
-)
+from rllib_amp.checkpoints.verify import CheckpointError, verify_checkpoint
+from rllib_amp.fs import checkpoint_folders, display_path, is_dir, read_bytes, resolve
 from rllib_amp.log_events import event
 
 logger = logging.getLogger(__name__)
 
-# Tune's names: StorageContext's checkpoint folders and TuneController.CKPT_FILE_TMPL.
-_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+# Tune's name for its experiment state files (TuneController.CKPT_FILE_TMPL).
 _EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
 DAMAGED_SUFFIX = ".damaged"
 STATE_BACKUP_SUFFIX = ".before-fallback"
@@ -115,12 +108,12 @@ def newest_intact_checkpoint(
         >>> newest_intact_checkpoint("s3://bucket/sweep/trial_0").intact  # doctest: +SKIP
         's3://bucket/sweep/trial_0/checkpoint_000003'
     """
-    fs, root = resolve_path(trial_dir, filesystem)
+    fs, root = resolve(trial_dir, filesystem)
     if not is_dir(fs, root):
         raise FileNotFoundError(f"{display_path(fs, root)}: no such trial folder")
     damaged: list[tuple[str, CheckpointError]] = []
     intact = None
-    for folder in _checkpoint_folders(fs, root):
+    for folder in checkpoint_folders(fs, root):
         try:
             verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False)
         except CheckpointError as e:
@@ -136,17 +129,6 @@ def newest_intact_checkpoint(
         for folder, e in damaged
     )
     return CheckpointChoice(display_path(fs, root), intact, skipped)
-
-
-def _checkpoint_folders(fs: Any, root: str) -> list[str]:
-    """The ``checkpoint_NNNNNN`` folders of a trial, newest first."""
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=False))
-    found = []
-    for info in infos:
-        match = _CHECKPOINT_DIR.match(info.base_name)
-        if match and info.type == pyarrow.fs.FileType.Directory:
-            found.append((int(match.group(1)), info.path))
-    return [path for _, path in sorted(found, reverse=True)]
 
 
 def _move_aside(fs: Any, folder: str) -> str:
@@ -181,11 +163,11 @@ def resume_from_intact_checkpoints(
         ...     if c.damaged:
         ...         print(c.describe())
     """
-    fs, root = resolve_path(experiment_dir, filesystem)
+    fs, root = resolve(experiment_dir, filesystem)
     state_path = _newest_experiment_state(fs, root)
     choices = []
     for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=False)):
-        if info.type == pyarrow.fs.FileType.Directory and _checkpoint_folders(fs, info.path):
+        if info.type == pyarrow.fs.FileType.Directory and checkpoint_folders(fs, info.path):
             choices.append(newest_intact_checkpoint(info.path, filesystem=fs, move_damaged=True))
     repoint = {
         posixpath.basename(c.trial_dir): c for c in choices if c.damaged and c.intact is not None
@@ -233,8 +215,7 @@ def _repoint_experiment_state(
     # round-trips; the rest of the file is plain JSON.
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-    with fs.open_input_stream(state_path) as f:
-        original = bytes(f.readall())
+    original = read_bytes(fs, state_path)
     state = json.loads(original)
     changed = False
     for entry in state["trial_data"]:

@@ -30,8 +30,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import pickle
 import posixpath
 import sys
 from collections.abc import Iterator
@@ -41,6 +39,15 @@ from typing import Any, NoReturn
 import numpy as np
 import pyarrow.fs
 
+from rllib_amp.fs import (
+    STATE_FORMATS,
+    decode,
+    display_path,
+    is_dir,
+    list_files,
+    read_bytes,
+    resolve,
+)
 from rllib_amp.log_events import event
 
 logger = logging.getLogger(__name__)
@@ -58,20 +65,21 @@ _MODULE_STATE_STEM = "module_state"
 # The state files RLlib's restore_from_path loads (Checkpointable.STATE_FILE_NAME, Algorithm's
 # and RLModule's); other pickles (class_and_ctor_args) are read by from_checkpoint at most.
 _RESTORED_STEMS = ("state", "algorithm_state", _MODULE_STATE_STEM)
-# pyarrow's filesystem type names that differ from the URI scheme users write.
-_SCHEMES = {"gcs": "gs"}
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is damaged; nothing of the checkpoint was restored. ``path``: that file."""
+    """A checkpoint file is damaged; nothing of the checkpoint was restored. ``path``: that
+    file; ``problem``: what is wrong with it, without the advice (for readers other than a
+    restore, such as warm starts)."""
 
-    def __init__(self, message: str, path: str = "") -> None:
+    def __init__(self, message: str, path: str = "", problem: str = "") -> None:
         super().__init__(message)
         self.path = path
+        self.problem = problem
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keeps ``path`` when Ray sends the error from a remote learner to the driver.
-        return (type(self), (str(self), self.path))
+        return (type(self), (str(self), self.path, self.problem))
 
 
 @dataclass(frozen=True)
@@ -83,48 +91,6 @@ class VerifiedCheckpoint:
     manifest: str | None
 
 
-def resolve_path(path: Any, filesystem: pyarrow.fs.FileSystem | None = None) -> tuple[Any, str]:
-    """(pyarrow filesystem, path on it) for a local path, a pathlib.Path or a pyarrow URI.
-
-    Example:
-        >>> fs, p = resolve_path("/tmp/run/checkpoint_000001")
-        >>> fs.type_name, p
-        ('local', '/tmp/run/checkpoint_000001')
-    """
-    text = path if isinstance(path, str) else os.fspath(path)
-    if filesystem is not None:
-        return filesystem, text
-    if "://" in text:
-        return pyarrow.fs.FileSystem.from_uri(text)
-    return pyarrow.fs.LocalFileSystem(), os.path.abspath(text)
-
-
-def display_path(fs: Any, fs_path: str) -> str:
-    """The path as a user would type it: local paths as they are, others as ``scheme://...``."""
-    if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        return fs_path
-    return f"{_SCHEMES.get(fs.type_name, fs.type_name)}://{fs_path}"
-
-
-def is_dir(fs: Any, fs_path: str) -> bool:
-    return bool(fs.get_file_info(fs_path).type == pyarrow.fs.FileType.Directory)
-
-
-def list_files(fs: Any, root: str) -> list[str]:
-    """Every file below ``root``, as sorted posix paths relative to it."""
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
-    return sorted(
-        posixpath.relpath(info.path, root)
-        for info in infos
-        if info.type == pyarrow.fs.FileType.File
-    )
-
-
-def _read(fs: Any, fs_path: str) -> bytes:
-    with fs.open_input_stream(fs_path) as f:
-        return bytes(f.readall())
-
-
 def write_manifest(path: Any, *, filesystem: pyarrow.fs.FileSystem | None = None) -> str:
     """Writes ``rllib_amp_manifest.json`` (size and sha256 of every file) into a checkpoint.
 
@@ -134,12 +100,12 @@ def write_manifest(path: Any, *, filesystem: pyarrow.fs.FileSystem | None = None
         >>> write_manifest("/tmp/run/checkpoint_000001")  # doctest: +SKIP
         '/tmp/run/checkpoint_000001/rllib_amp_manifest.json'
     """
-    fs, root = resolve_path(path, filesystem)
+    fs, root = resolve(path, filesystem)
     files = {}
     for rel in list_files(fs, root):
         if rel == MANIFEST_FILE_NAME:
             continue
-        data = _read(fs, posixpath.join(root, rel))
+        data = read_bytes(fs, posixpath.join(root, rel))
         files[rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     manifest = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION, "files": files}
     target = posixpath.join(root, MANIFEST_FILE_NAME)
@@ -153,20 +119,23 @@ def verify_checkpoint(
     *,
     filesystem: pyarrow.fs.FileSystem | None = None,
     announce_missing_manifest: bool = True,
+    for_rllib: bool = True,
 ) -> VerifiedCheckpoint | None:
     """Reads every file of a checkpoint folder; CheckpointError names the first damaged one.
 
     Checks sizes and checksums against the checkpoint's manifest (its own, or the one of the
     algorithm checkpoint it is part of), parses every state file, and rejects non-finite
     module weights or optimizer state. Without a manifest, logs one INFO line unless
-    ``announce_missing_manifest`` is False. Returns None, doing nothing, when ``path`` is no
+    ``announce_missing_manifest`` is False. ``for_rllib=False`` (a warm start, which reads
+    only plain numbers) accepts msgpack files where msgpack_numpy, which RLlib's own restore
+    needs, is not installed. Returns None, doing nothing, when ``path`` is no
     folder: RLlib then reports the missing checkpoint itself.
 
     Example:
         >>> verify_checkpoint("/tmp/run/checkpoint_000001")  # doctest: +SKIP
         VerifiedCheckpoint(path='/tmp/run/checkpoint_000001', files=25, manifest='...')
     """
-    fs, root = resolve_path(path, filesystem)
+    fs, root = resolve(path, filesystem)
     if not is_dir(fs, root):
         return None
     files = list_files(fs, root)
@@ -185,10 +154,10 @@ def verify_checkpoint(
         full = posixpath.join(root, rel)
         if full == manifest_path:
             continue
-        data = _read(fs, full)
+        data = read_bytes(fs, full)
         if rel in expected:
             _check_checksum(fs, full, data, expected[rel], manifest_path or "")
-        _check_content(fs, full, data)
+        _check_content(fs, full, data, for_rllib=for_rllib)
         checked += 1
     if manifest_path is None and announce_missing_manifest:
         logger.info(
@@ -231,7 +200,7 @@ def _find_manifest(fs: Any, root: str, files: list[str]) -> tuple[str | None, di
 
 def _load_manifest(fs: Any, manifest_path: str) -> dict[str, Any]:
     try:
-        manifest = json.loads(_read(fs, manifest_path).decode("utf-8"))
+        manifest = json.loads(read_bytes(fs, manifest_path).decode("utf-8"))
         if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(
             manifest.get("files"), dict
         ):
@@ -268,23 +237,17 @@ def _check_checksum(
         )
 
 
-def _check_content(fs: Any, full: str, data: bytes) -> None:
-    name = posixpath.basename(full)
-    stem, ext = posixpath.splitext(name)
-    if ext == ".msgpack":
+def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -> None:
+    stem, ext = posixpath.splitext(posixpath.basename(full))
+    if ext not in STATE_FORMATS:
+        return
+    if ext == ".msgpack" and for_rllib:
         from ray.rllib.utils.checkpoints import try_import_msgpack
 
-        # As RLlib: without msgpack_numpy installed no msgpack checkpoint loads at all.
-        msgpack = try_import_msgpack(error=True)
+        # Outside the parse errors below: without msgpack_numpy no msgpack checkpoint loads.
+        try_import_msgpack(error=True)
     try:
-        if ext == ".pkl":
-            obj = pickle.loads(data)  # noqa: S301 - the user's own checkpoint, as RLlib loads it
-        elif ext == ".msgpack":
-            obj = msgpack.unpackb(data, strict_map_key=False)
-        elif ext == ".json":
-            obj = json.loads(data.decode("utf-8"))
-        else:
-            return
+        obj = decode(full, data)
     except (ImportError, AttributeError) as e:
         # A class the pickle names is missing here: the file may be fine. RLlib's restore
         # never reads the other files (from_checkpoint falls back past such a class file).
@@ -349,4 +312,5 @@ def _fail(
     raise CheckpointError(
         f"{shown}: checkpoint file {problem}; nothing was restored. {advice}".rstrip(),
         path=shown,
+        problem=problem,
     )

@@ -83,11 +83,13 @@ def preflight(exp: Experiment) -> str:
     """Runs every check; returns a one-line summary, raises ExperimentError on the first failure.
 
     Example:
+        >>> from rllib_amp import experiment as E
         >>> preflight(E.load("tune_configs/cartpole_ppo_amp.yaml", overrides=["env_config.foo=1"]))
         Traceback (most recent call last):
-        ExperimentError: tune_configs/cartpole_ppo_amp.yaml: env_config.foo: constructing
-        CartPole-v1 with env_config failed (with ...): TypeError: CartPoleEnv.__init__() got an
-        unexpected keyword argument 'foo' ...; fix env_config.foo (...)
+        rllib_amp.experiment.schema.ExperimentError: tune_configs/cartpole_ppo_amp.yaml:
+        env_config.foo: constructing CartPole-v1 with env_config failed (with ...): TypeError:
+        CartPoleEnv.__init__() got an unexpected keyword argument 'foo' ...; fix env_config.foo
+        (...)
     """
     points = sweep_points(exp.search)
     base = _trial(exp, points[0])
@@ -202,11 +204,15 @@ def check_result_keys(exp: Experiment, config: AlgorithmConfig) -> None:
     """Refuses ``stop`` keys and a ``tune.metric`` that the algorithm never reports.
 
     Example:
-        >>> exp = E.load(path, overrides=["stop.episode_reward_mean=1"])
+        >>> from rllib_amp import experiment as E
+        >>> exp = E.load(
+        ...     "tune_configs/cartpole_ppo_amp.yaml", overrides=["stop.episode_reward_mean=1"]
+        ... )
         >>> check_result_keys(exp, exp.algorithm_config())
         Traceback (most recent call last):
-        ExperimentError: ...: stop.episode_reward_mean: PPO never reports 'episode_reward_mean', so
-        this stop would never trigger (did you mean 'env_runners/episode_return_mean'?); ...
+        rllib_amp.experiment.schema.ExperimentError: ...: stop.episode_reward_mean: PPO never
+        reports 'episode_reward_mean', so this stop would never trigger (did you mean
+        'env_runners/episode_return_mean'?); ...
     """
     results = catalog(exp.algorithm)
     config_keys = set(config.to_dict())
@@ -277,7 +283,7 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _first_line(e: BaseException) -> str:
+def _error_with_cause(e: BaseException) -> str:
     """The error in one line, with the error it was raised from, if any.
 
     RLlib re-raises some errors as something else (a module that cannot be built ends as a
@@ -308,7 +314,7 @@ def _failure(
 ) -> ExperimentError:
     if isinstance(e, ExperimentError):
         return ExperimentError(f"{e}{_where(point)}")
-    what = _first_line(e)
+    what = _error_with_cause(e)
     key = _named_key(exp, what, default, point)
     return ExperimentError(
         f"{exp.path}: {key}: {stage} failed{_where(point)}: {what}; fix {key} (the sweep would "

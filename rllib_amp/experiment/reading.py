@@ -158,7 +158,7 @@ class _Loader(yaml.SafeLoader):
             raise _too_large(text, node)
         if value == 0.0 and re.search(r"[1-9]", text.lower().split("e")[0]):
             raise YamlRefused(
-                f"the number {_short(text)} is below float64's smallest (about 5e-324) and "
+                f"the number {_clip(text)} is below float64's smallest (about 5e-324) and "
                 f"would read as 0",
                 node.start_mark,
                 "write 0, or a value float64 can hold",
@@ -194,13 +194,13 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _short(text: str, n: int = 24) -> str:
+def _clip(text: str, n: int = 24) -> str:
     return text if len(text) <= n else f"{text[:n]}... ({len(text)} characters)"
 
 
 def _too_large(text: str, node: Node) -> YamlRefused:
     return YamlRefused(
-        f"the number {_short(text)} is beyond float64 (largest about 1.8e308)",
+        f"the number {_clip(text)} is beyond float64 (largest about 1.8e308)",
         node.start_mark,
         "use a value float64 can hold",
     )
@@ -212,7 +212,7 @@ def _scalar(construct: Any, node: Node, expected: str) -> Any:
         return construct(node)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError):
         raise YamlRefused(
-            f"{node.tag.rsplit(':', 1)[-1]} value {_short(str(node.value))!r} is not {expected}",
+            f"{node.tag.rsplit(':', 1)[-1]} value {_clip(str(node.value))!r} is not {expected}",
             node.start_mark,
             "fix the value or drop the tag",
         ) from None
@@ -365,7 +365,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     try:
         value = _yaml_load(raw) if raw.strip() else None
     except YamlRefused as e:
-        raise ExperimentError(f"--set {_short(item, 60)!r}: {_yaml_error(e)}") from None
+        raise ExperimentError(f"--set {_clip(item, 60)!r}: {_yaml_error(e)}") from None
     except (yaml.YAMLError, RecursionError):
         value = raw
     return key, value

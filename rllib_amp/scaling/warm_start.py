@@ -24,15 +24,26 @@ Example:
 from __future__ import annotations
 
 import logging
-import pickle
+import math
+import numbers
+import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rllib_amp.checkpoints.verify import resolve_path
+from rllib_amp.checkpoints.verify import CheckpointError, verify_checkpoint
+from rllib_amp.fs import (
+    checkpoint_folders,
+    decode,
+    exists,
+    is_dir,
+    is_file,
+    read_bytes,
+    resolve,
+)
 from rllib_amp.log_events import event
 from rllib_amp.scaling.scaler import PolicyScaler, saved_scale, seed_scalers
 from rllib_amp.scaling.state import AMP_STATE_KEY
-from rllib_amp.settings import AmpSettings, WarmStart
+from rllib_amp.settings import FLOAT32_MAX, AmpSettings, WarmStart
 
 logger = logging.getLogger(__name__)
 
@@ -50,49 +61,28 @@ def learner_state_file(path: str) -> str | None:
         >>> learner_state_file("/no/such/checkpoint") is None
         True
     """
-    import pyarrow.fs
-
-    fs, base = resolve_path(path)
-    info = fs.get_file_info(base)
-    if info.type == pyarrow.fs.FileType.File:
+    fs, base = resolve(path)
+    if is_file(fs, base):
         return path
-    if info.type != pyarrow.fs.FileType.Directory:
+    if not is_dir(fs, base):
         return None
     for folder in LEARNER_FOLDERS:
         for name in STATE_FILES:
             rel = f"{folder}/{name}" if folder else name
-            if fs.get_file_info(f"{base.rstrip('/')}/{rel}").type == pyarrow.fs.FileType.File:
+            if is_file(fs, f"{base.rstrip('/')}/{rel}"):
                 return f"{path.rstrip('/')}/{rel}"
     return None
 
 
-def _checkpoints_inside(path: str) -> list[str]:
-    """Names of checkpoint_* folders directly under ``path`` (a Tune trial folder)."""
-    import pyarrow.fs
-
-    fs, base = resolve_path(path)
-    try:
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(base))
-    except OSError:
-        return []
-    return sorted(
-        i.base_name
-        for i in infos
-        if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith("checkpoint_")
-    )
-
-
-def _load(file: str) -> Any:
-    fs, base = resolve_path(file)
-    with fs.open_input_stream(base) as f:
-        data = f.read()
-    if file.endswith(".msgpack"):
-        import msgpack
-
-        # Plain msgpack: numpy arrays (msgpack_numpy's ext types) come back as ExtType,
-        # which is fine, since only the scalers' plain numbers are read.
-        return msgpack.unpackb(data, strict_map_key=False)
-    return pickle.loads(data)  # noqa: S301 - the user's own checkpoint (see README)
+def _read_verified(path: str, file: str) -> Any:
+    """The learner state in ``file``, after the checks a restore applies to its checkpoint:
+    the manifest's sizes and sha256, every file parsing, finite weights and optimizer state.
+    """
+    fs, base = resolve(path)
+    folder = base if is_dir(fs, base) else posixpath.dirname(base)
+    verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False, for_rllib=False)
+    fs, fs_file = resolve(file)
+    return decode(fs_file, read_bytes(fs, fs_file))
 
 
 def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
@@ -108,10 +98,8 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
         ValueError: amp.warm_start.from: '/no/such/checkpoint' does not exist; ...
     """
     where = f"{WHERE}.from"
-    fs, base = resolve_path(path)
-    import pyarrow.fs
-
-    if fs.get_file_info(base).type == pyarrow.fs.FileType.NotFound:
+    fs, base = resolve(path)
+    if not exists(fs, base):
         raise ValueError(
             f"{where}: {path!r} does not exist; give an Algorithm checkpoint folder (e.g. "
             f".../checkpoint_000009) or a learner folder of a float16 rllib-amp run, or drop "
@@ -119,7 +107,7 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
         )
     file = learner_state_file(path)
     if file is None:
-        inside = _checkpoints_inside(path)
+        inside = [posixpath.basename(f) for f in reversed(checkpoint_folders(fs, base))]
         hint = f" (this folder holds {', '.join(inside)}: pick one)" if inside else ""
         raise ValueError(
             f"{where}: {path!r} holds no learner state file ({' or '.join(STATE_FILES)} in "
@@ -127,7 +115,12 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
             f"checkpoint folder (checkpoint_NNNNNN) or its learner_group/learner folder"
         )
     try:
-        state = _load(file)
+        state = _read_verified(path, file)
+    except CheckpointError as e:
+        raise ValueError(
+            f"{where}: {e.path}: checkpoint file {e.problem}; warm-start from another "
+            f"checkpoint, or drop warm_start to start from init_scale"
+        ) from None
     except Exception as e:  # any parse failure: a damaged or foreign file
         raise ValueError(
             f"{where}: {file}: cannot read the learner state ({type(e).__name__}: {e}); "
@@ -140,7 +133,42 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
             f"off); warm-start from a checkpoint of a float16 rllib-amp run, or drop warm_start "
             f"to start from init_scale"
         )
+    _check_saved_scales(file, saved)
     return dict(saved)
+
+
+def _check_saved_scales(file: str, saved: Any) -> None:
+    """ValueError naming the file, the module and the value when a saved scale or growth
+    tracker is one no GradScaler could hold: such a run never saved it, the file was edited."""
+    if not isinstance(saved, Mapping):
+        raise ValueError(
+            f"{WHERE}.from: {file}: the AMP scaler state is a {type(saved).__name__}, not a "
+            f"mapping of ModuleID -> scaler state; warm-start from another checkpoint"
+        )
+    for module_id, state in saved.items():
+        torch_state = state.get("torch") if isinstance(state, Mapping) else None
+        if not isinstance(torch_state, Mapping):
+            continue
+        at = f"{WHERE}.from: {file}: module {str(module_id)!r}"
+        fix = "warm-start from another checkpoint, or drop warm_start to start from init_scale"
+        scale = torch_state.get("scale")
+        if "scale" in torch_state and not (
+            isinstance(scale, numbers.Real)
+            and not isinstance(scale, bool)
+            and math.isfinite(scale)
+            and 0 < float(scale) <= FLOAT32_MAX
+        ):
+            raise ValueError(
+                f"{at} has the saved scale {scale!r}; a loss scale is a finite number in "
+                f"(0, {FLOAT32_MAX:g}] (float32); {fix}"
+            )
+        tracker = torch_state.get("_growth_tracker", 0)
+        counts = isinstance(tracker, numbers.Integral) and not isinstance(tracker, bool)
+        if not counts or int(tracker) < 0:
+            raise ValueError(
+                f"{at} has the saved growth tracker {tracker!r}; it is a count of clean "
+                f"steps, an integer >= 0; {fix}"
+            )
 
 
 def _with_scale(saved: Mapping[str, dict[str, Any]]) -> dict[str, tuple[float, int]]:
@@ -148,7 +176,7 @@ def _with_scale(saved: Mapping[str, dict[str, Any]]) -> dict[str, tuple[float, i
     for module_id, state in saved.items():
         try:
             seed = saved_scale(state)
-        except ValueError:
+        except ValueError:  # not a PolicyScaler state (another version): nothing to seed
             seed = None
         if seed is not None:
             out[str(module_id)] = seed

@@ -28,6 +28,11 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from rllib_amp import fs as files
+from rllib_amp.fs import is_uri
+
+__all__ = ["is_uri"]  # sweep/ asks storage whether a location is a URI; fs answers
+
 DEFAULT_STORAGE = "~/ray_results"
 # Set on every node of a cluster (see cluster.yaml) so the CLI writes to shared storage by
 # default; an experiment file's storage_path and --storage-path win over it.
@@ -44,11 +49,6 @@ class StorageError(ValueError):
     """Storage that cannot be used: the message names the location, the cause and the fix."""
 
 
-def is_uri(location: str) -> bool:
-    """True for ``scheme://...``; ``runs:2`` or ``C:\\runs`` are local paths."""
-    return "://" in location and len(urllib.parse.urlparse(location).scheme) > 1
-
-
 def resolve(
     flag: str | None,
     from_file: str | None,
@@ -59,8 +59,8 @@ def resolve(
     returned untouched.
 
     Example:
-        >>> resolve("s3://b/x", "/mnt/other", {})
-        's3://b/x'
+        >>> resolve("file:///mnt/nfs/x", "/mnt/other", {})
+        'file:///mnt/nfs/x'
     """
     env = os.environ if env is None else env
     for where, value in (
@@ -83,18 +83,16 @@ def _normalise(location: str, where: str) -> str:
     if is_uri(location):
         filesystem(location, where=where)  # an unknown scheme is an error now, not mid-run
         return location
-    return os.path.abspath(os.path.expanduser(location))
+    return files.local_path(location)
 
 
 def filesystem(location: str, *, where: str = "--storage-path") -> tuple[Any, str]:
     """``(pyarrow FileSystem, path on it)`` for a location; StorageError if pyarrow cannot."""
-    import pyarrow.fs as pafs
-
     try:
-        return pafs.FileSystem.from_uri(location if is_uri(location) else os.path.abspath(location))
+        return files.resolve(location)
     except (ValueError, OSError, TypeError) as e:
         raise StorageError(
-            f"{where}: pyarrow cannot open {location!r} ({_first_line(e)}); pass a local "
+            f"{where}: pyarrow cannot open {location!r} ({_first_line_of(e)}); pass a local "
             f"path, a shared mount or a URI such as s3://BUCKET/experiments, "
             f"gs://BUCKET/experiments, abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/experiments"
         ) from None
@@ -129,10 +127,7 @@ def to_uri(location: str, fs_path: str) -> str:
 
 def exists(location: str) -> bool:
     """True when a file or folder is at ``location``."""
-    import pyarrow.fs as pafs
-
-    fs, path = filesystem(location)
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
+    return files.exists(*filesystem(location))
 
 
 def has_contents(location: str) -> bool:
@@ -155,19 +150,12 @@ def has_contents(location: str) -> bool:
 
 def write_bytes(location: str, data: bytes) -> None:
     """Writes ``data`` to the file at ``location`` (its folder is made if needed)."""
-    fs, path = filesystem(location)
-    parent = posixpath.dirname(path)
-    if parent:
-        fs.create_dir(parent, recursive=True)
-    with fs.open_output_stream(path) as out:
-        out.write(data)
+    files.write_bytes(*filesystem(location), data)
 
 
 def read_bytes(location: str) -> bytes:
     """The content of the file at ``location``."""
-    fs, path = filesystem(location)
-    with fs.open_input_stream(path) as f:
-        return bytes(f.read())
+    return files.read_bytes(*filesystem(location))
 
 
 def delete_file(location: str) -> None:
@@ -177,7 +165,7 @@ def delete_file(location: str) -> None:
         fs.delete_file(path)
 
 
-def _first_line(e: BaseException) -> str:
+def _first_line_of(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[0]
 
@@ -204,7 +192,7 @@ def check_writable(location: str) -> None:
     except (OSError, ValueError) as e:
         _cleanup(marker, location, created_root)
         raise StorageError(
-            f"--storage-path: cannot write to {location} ({_first_line(e)}); check the "
+            f"--storage-path: cannot write to {location} ({_first_line_of(e)}); check the "
             f"location and its permissions or credentials, or pass another --storage-path"
         ) from None
     _cleanup(marker, location, created_root)
@@ -237,7 +225,7 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
     except (OSError, ValueError) as e:
         _cleanup(marker, location, created_root)
         raise StorageError(
-            f"--storage-path: cannot write to {location} ({_first_line(e)}); {FIX}"
+            f"--storage-path: cannot write to {location} ({_first_line_of(e)}); {FIX}"
         ) from None
     reader = ray.remote(_read_marker)
     refs = {
@@ -256,7 +244,7 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
                 got = ray.get(r)
             except Exception as e:  # the task's error says why this node cannot read it
                 cause = getattr(e, "cause", None) or e
-                failures.append(f"{_node_name(refs[r])}: {_first_line(cause)}")
+                failures.append(f"{_node_name(refs[r])}: {_first_line_of(cause)}")
                 continue
             if got != token:
                 failures.append(f"{_node_name(refs[r])}: read a different file at that path")

@@ -39,6 +39,15 @@ def scaled(tmp_path):
     return checkpoint(tmp_path, {AMP_STATE_KEY: {"default_policy": scaler.state_dict()}})
 
 
+def edited(key, value):
+    def make(tmp_path):
+        state = PolicyScaler(AmpSettings(init_scale=512.0), "cpu", scaling=True).state_dict()
+        state["torch"][key] = value
+        return checkpoint(tmp_path, {AMP_STATE_KEY: {"default_policy": state}})
+
+    return make
+
+
 def experiment(tmp_path, warm_start):
     p = tmp_path / "warm.yaml"
     p.write_text(textwrap.dedent(FILE.format(warm_start=warm_start)))
@@ -60,6 +69,12 @@ def test_warm_start_and_shared_scaler_pass_schema_and_preflight(tmp_path, capsys
         (lambda t: checkpoint(t, {}), None, "holds no AMP scaler state"),
         (scaled, "{default_policy: p9}", "'p9' is not in it"),
         (scaled, "{p1: default_policy}", "'p1' is not a module of this run"),
+        (edited("scale", float("inf")), None, "has the saved scale inf;"),
+        (edited("scale", float("nan")), None, "has the saved scale nan;"),
+        (edited("scale", 0.0), None, "has the saved scale 0.0;"),
+        (edited("scale", -1.0), None, "has the saved scale -1.0;"),
+        (edited("scale", [512.0]), None, "has the saved scale [512.0];"),
+        (edited("_growth_tracker", -3), None, "has the saved growth tracker -3;"),
     ],
 )
 def test_bad_warm_start_exits_2_with_one_line_and_starts_nothing(
@@ -72,4 +87,6 @@ def test_bad_warm_start_exits_2_with_one_line_and_starts_nothing(
     err = capsys.readouterr().err
     assert rc == 2 and fragment in err and err.count("\n") == 1, err
     assert "amp.warm_start" in err
+    if "saved" in fragment:  # the edited file is named
+        assert "ckpt/learner_group/learner/state.pkl: module 'default_policy'" in err, err
     assert not storage.exists()  # nothing started, nothing written

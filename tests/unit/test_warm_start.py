@@ -132,8 +132,76 @@ def test_a_path_gone_since_the_settings_were_built_is_refused(tmp_path):
 
 def test_a_damaged_state_file_is_refused(tmp_path):
     (tmp_path / "state.pkl").write_bytes(b"\x80\x04 not a pickle")
-    with pytest.raises(ValueError, match=r"^amp\.warm_start\.from: .*cannot read the learner"):
+    with pytest.raises(ValueError) as e:
         read_scaler_states(str(tmp_path))
+    assert str(e.value).startswith(f"amp.warm_start.from: {tmp_path / 'state.pkl'}: ")
+    assert "truncated or corrupted" in str(e.value) and "warm-start from another" in str(e.value)
+
+
+def _edited(state: dict, key: str, value) -> dict:
+    state["torch"][key] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("scale", float("inf")),
+        ("scale", float("nan")),
+        ("scale", 0.0),
+        ("scale", -1.0),
+        ("scale", [65536.0]),
+        ("scale", True),
+        ("scale", 1e39),  # beyond float32: GradScaler's scale tensor cannot hold it
+        ("_growth_tracker", -1),
+        ("_growth_tracker", 2.5),
+        ("_growth_tracker", [1]),
+    ],
+)
+def test_an_edited_scale_or_growth_tracker_is_refused_naming_file_and_value(tmp_path, key, value):
+    edited = _edited(_scaler_state(256.0, 3), key, value)
+    ckpt = _checkpoint(tmp_path, {"p0": _scaler_state(8.0), "p1": edited})
+    with pytest.raises(ValueError) as e:
+        check_warm_start(AmpSettings(warm_start={"from": str(ckpt)}), ["p0", "p1"])
+    msg = str(e.value)
+    state_file = ckpt / "learner_group" / "learner" / "state.pkl"
+    assert msg.startswith(f"amp.warm_start.from: {state_file}: module 'p1' has the saved ")
+    assert f" {value!r};" in msg, msg
+    assert "warm-start from another checkpoint" in msg
+
+
+def test_a_state_file_changed_after_the_save_is_refused_by_its_manifest(tmp_path):
+    from rllib_amp.checkpoints.verify import write_manifest
+
+    ckpt = _checkpoint(tmp_path / "ckpt", {"p0": _scaler_state(256.0)})
+    write_manifest(str(ckpt))
+    state_file = ckpt / "learner_group" / "learner" / "state.pkl"
+    # A plausible scale that parses: only the manifest's sha256 can tell.
+    state = pickle.loads(state_file.read_bytes())
+    state[AMP_STATE_KEY]["p0"]["torch"]["scale"] = 512.0
+    state_file.write_bytes(pickle.dumps(state))
+    with pytest.raises(ValueError) as e:
+        warm_start_seeds(WarmStart(path=str(ckpt)))
+    assert str(e.value).startswith(f"amp.warm_start.from: {state_file}: checkpoint file ")
+    assert "sha256" in str(e.value) or "bytes" in str(e.value)
+
+
+def test_nonfinite_weights_in_the_checkpoint_refuse_the_warm_start(tmp_path):
+    ckpt = _checkpoint(
+        tmp_path, {"p0": _scaler_state(256.0)}, extra={"rl_module": {"p0": {"w": float("nan")}}}
+    )
+    with pytest.raises(ValueError, match=r"^amp\.warm_start\.from: .*non-finite values"):
+        warm_start_seeds(WarmStart(path=str(ckpt)))
+
+
+def test_a_damaged_checkpoint_moved_aside_is_never_offered(tmp_path):
+    (tmp_path / "checkpoint_000002").mkdir()
+    (tmp_path / "checkpoint_000003.damaged").mkdir()
+    (tmp_path / "checkpoint_000004.damaged-2").mkdir()
+    with pytest.raises(ValueError) as e:
+        read_scaler_states(str(tmp_path))
+    assert "(this folder holds checkpoint_000002: pick one)" in str(e.value)
+    assert ".damaged" not in str(e.value)
 
 
 def test_check_without_run_modules_checks_the_checkpoint_side_only(tmp_path):
