@@ -298,8 +298,10 @@ def check_outputs(json_path: str | None, out_dir: str | None) -> None:
     cannot be written; called before anything is measured, so no run is lost at the end.
 
     Example:
-        >>> check_outputs("/proc/bench.json", None)  # doctest: +SKIP
-        UsageError: --json: cannot write into folder /proc (...); pass a path in a writable folder
+        >>> check_outputs("/proc/bench.json", None)
+        Traceback (most recent call last):
+        rllib_amp.cli.UsageError: --json: cannot write into folder /proc (...); pass a path in a
+        writable folder
     """
     if json_path:
         _writable_file("--json", os.path.abspath(json_path))

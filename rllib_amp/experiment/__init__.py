@@ -119,6 +119,7 @@ class Experiment:
         """A new, validated Experiment with dotted-key overrides applied.
 
         Example:
+            >>> exp = load("tune_configs/cartpole_ppo_amp.yaml")
             >>> exp.with_overrides({"search.seed": {"grid": [0, 1, 2]}}).search["seed"].grid_size()
             3
         """

@@ -10,7 +10,7 @@ Example:
     >>> from rllib_amp.settings import AmpSettings
     >>> logger = MetricsLogger()
     >>> scalers = {"p0": PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)}
-    >>> report_update(logger, scalers, num_learners=0, trial="t")
+    >>> report_update(logger, scalers, merged_results=False, trial="t")
     >>> logger.peek(("p0", "amp_grad_scale"))
     8.0
 """

@@ -21,9 +21,9 @@ def wandb_project(name: str) -> str:
     """argparse ``type`` of ``--wandb-project``: refuses the flag at once without wandb.
 
     Example:
-        >>> wandb_project("")  # doctest: +SKIP
+        >>> wandb_project("")
         Traceback (most recent call last):
-        UsageError: --wandb-project: ...
+        rllib_amp.cli.UsageError: --wandb-project: got an empty name; ...
     """
     if not name.strip():
         raise UsageError("--wandb-project: got an empty name; give the W&B project name")

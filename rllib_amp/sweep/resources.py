@@ -6,6 +6,7 @@ reserves per trial: the trial process, which hosts the local learner when
 RLlib's arithmetic, so a change in RLlib changes the numbers here too.
 
 Example:
+    >>> from rllib_amp import experiment
     >>> exp = experiment.load("tune_configs/pong_ppo_amp.yaml")
     >>> trial_request(exp.algorithm_config()).total
     {'CPU': 9.0, 'GPU': 1.0}
@@ -125,6 +126,7 @@ def trial_request(config: Any) -> TrialRequest:
     """The resources one trial of this AlgorithmConfig reserves, from RLlib itself.
 
     Example:
+        >>> from ray.rllib.algorithms.ppo import PPOConfig
         >>> trial_request(PPOConfig().env_runners(num_env_runners=2)).total
         {'CPU': 3.0, 'GPU': 0.0}
     """
@@ -176,9 +178,11 @@ def check_fits(exp: Any, capacity: Mapping[str, float]) -> None:
     overrides that fit.
 
     Example:
+        >>> from rllib_amp import experiment
         >>> check_fits(experiment.load("tune_configs/pong_ppo_amp.yaml"), {"CPU": 2})
         Traceback (most recent call last):
-        ResourceError: resources: each trial needs 9 CPUs and 1 GPU (...) ...
+        rllib_amp.sweep.resources.ResourceError: resources: each trial needs 9 CPUs and 1 GPU
+        (...), but this machine's Ray has 2 CPUs and 0 GPUs, ...
     """
     with _rllib_notices_held():
         _check_fits(exp, capacity)
