@@ -12,9 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
@@ -23,7 +25,7 @@ from rllib_amp.api import with_amp
 from rllib_amp.envs import configure as envs
 from rllib_amp.envs import models
 from rllib_amp.experiment.sampler import Sampler
-from rllib_amp.experiment.schema import RESOURCES, with_dotted
+from rllib_amp.experiment.schema import RESOURCES, SEED_MAX, with_dotted
 from rllib_amp.learner.metrics import tag_learners_with_trial
 from rllib_amp.settings import AmpSettings, store_in_config
 
@@ -75,19 +77,68 @@ def mutation_bounds(data: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def initial_space(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The Tune search space of a trial's first config: the search, plus each PBT-mutated
-    key not searched drawn from its mutation (so the population starts spread out).
+class SeedOfSample:
+    """A ``tune.sample_from`` function giving sample k of every setting the seed
+    ``base + k`` (modulo 2**32, the seed range numpy and torch take).
+
+    Tune repeats the whole grid once per sample (``num_samples``), calling this once per trial
+    in that order, so call n belongs to sample ``n // settings``. Settings share the seeds of a
+    sample: setting A's k-th run and setting B's k-th run start from the same seed, and a rerun
+    with the same base seed gives every trial its seed again. Tune deep-copies the search space
+    once per sample; the copies must share the count, or every sample would be sample 0.
 
     Example:
-        >>> initial_space({"search": {}, "tune": {"pbt": None}})
+        >>> seed = SeedOfSample(base=7, settings=2)
+        >>> [seed(None) for _ in range(6)]
+        [7, 7, 8, 8, 9, 9]
+    """
+
+    def __init__(self, base: int, settings: int) -> None:
+        self.base = base
+        self.settings = max(1, settings)
+        self.calls = 0
+
+    def __call__(self, spec: Any) -> int:
+        k = self.calls // self.settings
+        self.calls += 1
+        return sample_seed(self.base, k)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SeedOfSample:
+        return self
+
+    def __repr__(self) -> str:
+        return f"SeedOfSample(base={self.base}, settings={self.settings})"
+
+
+def sample_seed(base: int, k: int) -> int:
+    """The seed of sample ``k`` for base seed ``base`` (what ``SeedOfSample`` hands out).
+
+    Example:
+        >>> sample_seed(2**32 - 1, 1)
+        0
+    """
+    return (base + k) % (SEED_MAX + 1)
+
+
+def initial_space(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The Tune search space of a trial's first config: the search, plus each PBT-mutated
+    key not searched drawn from its mutation (so the population starts spread out), plus a
+    seed per sample (``SeedOfSample``) when the file sets ``seed`` and does not search it.
+
+    Example:
+        >>> initial_space({"search": {}, "tune": {"pbt": None}, "seed": None})
         {}
+        >>> initial_space({"search": {}, "tune": {"pbt": None}, "seed": 3})["seed"].func
+        SeedOfSample(base=3, settings=1)
     """
     space = param_space(data["search"])
     pbt = data["tune"].get("pbt")
     for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
         if key not in space:
             space[key] = Sampler.parse(spec).to_tune()
+    if data.get("seed") is not None and "seed" not in space:
+        settings = math.prod(s.grid_size() for s in data["search"].values())
+        space["seed"] = tune.sample_from(SeedOfSample(data["seed"], settings))
     return space
 
 

@@ -1,17 +1,29 @@
-"""The AMP settings a sweep recommends: the best trial's, starting at the scale it reached.
+"""The AMP settings a sweep recommends: a setting tied with the best, and the scale it settled at.
 
 After a sweep, ``python -m rllib_amp.tune`` ends its summary with a ready ``amp:`` block and
 writes it as ``recommended_amp.yaml`` beside ``results.parquet`` (any storage: local, shared
-mount, ``s3://``). ``init_scale`` is the best trial's final grad scale, so a rerun starts
-where the scaler converged instead of backing off from 65536 again. A bfloat16 (or float32)
-best trial has no scaler: the block says so and sets no init_scale.
+mount, ``s3://``). The choice follows the per-setting statistics (``rllib_amp.sweep.groups``):
+
+1. the candidates are the settings tied with the best (their 95% intervals over seeds
+   overlap the best's): between them, the data cannot tell which is faster;
+2. of those, the one whose scaler skipped the fewest optimizer steps (mean over seeds): a
+   skipped step is a lost update, and a scale that keeps overflowing is the one to avoid;
+3. if that still ties, the one whose scale swung least over the last quarter of its runs.
+
+``init_scale`` is that setting's settled scale (the median over seeds of each run's median
+scale over its last quarter), so a rerun starts where the scaler converged instead of backing
+off from 65536 again; not one trial's last value, which is wherever its last overflow left
+it. A bfloat16 (or float32) setting has no scaler: the block says so and sets no init_scale.
 
 Example:
-    >>> rows = [{"trial_id": "a", "status": "DONE", "m": 480.0, "grad_scale": 2048.0,
-    ...          "skipped_steps": 3, "amp.growth_interval": 10}]
-    >>> rec = recommend(rows, metric="m", base={"dtype": "float16"})
+    >>> from rllib_amp.sweep.groups import group
+    >>> rows = [{"trial_id": f"t{g}{s}", "amp.growth_interval": g, "seed": s, "status": "DONE",
+    ...          "m": m, "skipped_steps": k, "optimizer_steps": 100, "settled_scale": 2048.0}
+    ...         for g, k in [(10, 11), (2000, 0)] for s, m in [(0, 470.0), (1, 490.0)]]
+    >>> found = group(rows, keys=["amp.growth_interval"], metric="m", mode="max")
+    >>> rec = recommend(found, metric="m", base={"dtype": "float16"})
     >>> rec.amp["init_scale"], rec.amp["growth_interval"]
-    (2048.0, 10)
+    (2048.0, 2000)
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import yaml
 from rllib_amp.checks import is_number
 from rllib_amp.settings import AmpSettings
 from rllib_amp.sweep import storage as S
+from rllib_amp.sweep.groups import SINGLE_RUN, Group, interval_text, single_seed
 
 FILE = "recommended_amp.yaml"
 # Keys always written; the others only when they differ from AmpSettings' defaults.
@@ -55,36 +68,50 @@ def _number(v: Any) -> float | None:
     return float(v) if is_number(v) and math.isfinite(v) else None
 
 
+def _worst_last(v: float | None) -> float:
+    return math.inf if v is None else v
+
+
+def choose(groups: Sequence[Group]) -> Group | None:
+    """The group to recommend: among those tied with the best, the fewest skipped steps,
+    then the steadiest scale, then the better rank; None without a ranked group."""
+    candidates = [
+        g
+        for g in groups
+        if g.tied and g.ranked.mean is not None and any(t.get("status") == "DONE" for t in g.trials)
+    ]
+    if not candidates:
+        return None
+    return min(
+        candidates,
+        key=lambda g: (_worst_last(g.skipped_steps), _worst_last(g.scale_swing), g.rank),
+    )
+
+
 def recommend(
-    rows: Sequence[Mapping[str, Any]],
+    groups: Sequence[Group],
     *,
     metric: str,
     base: Mapping[str, Any],
     configs: Mapping[Any, Mapping[str, Any]] | None = None,
-    reached: tuple[float, str] | None = None,
 ) -> Recommendation | None:
-    """The recommendation from the summary's ``rows`` (best first); None without a finished
-    trial that reported the metric.
+    """The recommendation from ``groups`` (``groups.group``'s result, ranked, ties marked);
+    None without a finished setting that reported the metric.
 
-    ``base``: the experiment's ``amp`` section; a row's ``amp.*`` columns (searched values)
-    override it, and ``configs`` (trial_id -> the trial's final AMP block, as PBT may have
-    mutated it) overrides both. ``reached``: (threshold, the row key of the env steps to it)
-    when the rows are ranked by how soon they reached the stop's target.
+    ``base``: the experiment's ``amp`` section; a group's ``amp.*`` values (searched) override
+    it, and ``configs`` (trial_id -> the trial's final AMP block, as PBT may have mutated it;
+    the group's first trial's is used) overrides both.
     """
-    best = next(
-        (r for r in rows if r.get("status") == "DONE" and _number(r.get(metric)) is not None),
-        None,
-    )
-    if best is None:
+    chosen = choose(groups)
+    if chosen is None:
         return None
     merged = dict(base)
-    merged.update({k[4:]: v for k, v in best.items() if k.startswith("amp.")})
-    merged.update((configs or {}).get(best.get("trial_id"), {}))
+    merged.update({k[4:]: v for k, v in chosen.values.items() if k.startswith("amp.")})
+    merged.update((configs or {}).get(chosen.trials[0].get("trial_id"), {}))
     settings = AmpSettings.from_dict(
         {k: v for k, v in merged.items() if k in AmpSettings.field_names()}
     )
-    scale = _number(best.get("grad_scale"))
-    skipped = best.get("skipped_steps")
+    scale = _number(chosen.settled_scale)
     scaling = settings.dtype != "bfloat16" and scale is not None and scale != 1.0
     defaults = AmpSettings().to_dict()
     amp = {
@@ -92,24 +119,62 @@ def recommend(
         for k, v in settings.to_dict().items()
         if k not in DROPPED and (k in ALWAYS or v != defaults[k])
     }
-    why = f"trial {best.get('trial_id')} had the best {metric} ({_fmt(best[metric])})"
-    if reached is not None and best.get(reached[1]) is not None:
-        why = (
-            f"trial {best.get('trial_id')} reached {metric} >= {reached[0]:g} in the fewest "
-            f"env steps ({_fmt(best[reached[1]])})"
-        )
+    why = _why(chosen, groups, metric)
     if scaling:
         assert scale is not None
         amp["init_scale"] = scale
         reason = (
-            f"{why}; init_scale is the grad scale it converged to ({scale:g}) after "
-            f"{_fmt(skipped)} skipped steps"
+            f"{why}; init_scale is its settled scale, {scale:g} (median over seeds of each "
+            f"run's median scale over its last quarter)"
         )
     else:
         amp.pop("init_scale", None)
         reason = f"{why}; it trained without loss scaling (bfloat16): no scaler is needed"
+    if single_seed(groups):
+        reason = f"On a single run per setting ({SINGLE_RUN}): {reason}"
     AmpSettings.from_dict(amp)  # what is written must load again
     return Recommendation(amp, reason)
+
+
+def _stat_text(g: Group, metric: str) -> str:
+    if g.stat == "steps" and g.steps is not None:
+        return (
+            f"env steps to the target {interval_text(g.steps)} "
+            f"({g.reached} of {len(g.trials)} seeds reached it)"
+        )
+    return f"{metric} {interval_text(g.metric)}"
+
+
+def _skips(g: Group) -> str:
+    frac = "-" if g.skip_fraction is None else f"{100 * g.skip_fraction:.1f}%"
+    return f"{_fmt(g.skipped_steps)} skipped steps ({frac} of updates)"
+
+
+def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:
+    tied = [g for g in groups if g.tied]
+    best = groups[0]
+    text = f"{chosen.label()}: {_stat_text(chosen, metric)} over {len(chosen.trials)} seed(s)"
+    if chosen is best:
+        text += ", the best"
+    else:
+        text += f", tied with the best ({best.label()}: {_stat_text(best, metric)})"
+    if len(tied) > 1:
+        others = [g for g in tied if g is not chosen]
+        text += (
+            f"; of the {len(tied)} tied settings it skipped the fewest steps: {_skips(chosen)}, "
+            f"against " + ", ".join(f"{_skips(g)} for {g.label()}" for g in others)
+        )
+        same = [g for g in others if g.skipped_steps == chosen.skipped_steps]
+        if same and chosen.scale_swing is not None:
+            text += (
+                f"; its scale swung least over its last quarter (log2 range "
+                f"{chosen.scale_swing:g}, against "
+                + ", ".join(f"{_fmt(g.scale_swing)}" for g in same)
+                + ")"
+            )
+    else:
+        text += f"; {_skips(chosen)}"
+    return text
 
 
 def _fmt(v: Any) -> str:
@@ -145,15 +210,13 @@ def amp_blocks(grid: Any, amp_key: Sequence[str]) -> dict[Any, dict[str, Any]]:
 def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str) -> None:
     """Prints the recommended ``amp:`` block and the reason, and writes the file."""
     from rllib_amp.settings import AMP_CONFIG_KEY
-    from rllib_amp.sweep import summary
+    from rllib_amp.sweep import groups as G
 
-    threshold = summary.target(exp)
     rec = recommend(
-        rows,
+        G.of_experiment(exp, rows),
         metric=exp.tune["metric"],
         base=exp.data["amp"],
         configs=amp_blocks(grid, ("learner_config_dict", AMP_CONFIG_KEY)),
-        reached=None if threshold is None else (threshold, summary.target_columns(threshold)[0]),
     )
     if rec is None:
         print("No recommended AMP settings: no trial finished with a metric.")

@@ -88,13 +88,60 @@ def target(exp: Any) -> float | None:
     return float(value)
 
 
+def history(result: Any) -> Any:
+    """The trial's result history (a pandas DataFrame, one row per iteration, nested keys
+    joined by "/"), or None when Tune kept none."""
+    try:
+        return result.metrics_dataframe
+    except Exception:  # noqa: BLE001 - a trial whose progress file is missing or unreadable
+        return None
+
+
+def _late_scales(frame: Any) -> list[float]:
+    """The finite grad scales of the last quarter of a history (at least its last result)."""
+    key = amp_metric_key(M.GRAD_SCALE)
+    if frame is None or key not in frame.columns:
+        return []
+    values = [float(v) for v in frame[key].tolist() if is_number(v) and math.isfinite(v)]
+    return values[-max(1, math.ceil(len(values) / 4)) :] if values else []
+
+
+def settled_scale(frame: Any, final: Any = None) -> float | None:
+    """The scale a trial settled at: the median of its grad scale over the last quarter of its
+    results (one result's scale is wherever the last overflow left it). Without a history,
+    ``final`` (the last reported scale).
+
+    Example:
+        >>> import pandas as pd
+        >>> frame = pd.DataFrame({"learners/default_policy/amp_grad_scale": [8.0] * 6 + [2.0, 4.0]})
+        >>> settled_scale(frame)
+        3.0
+    """
+    late = _late_scales(frame)
+    if late:
+        return float(statistics.median(late))
+    return float(final) if is_number(final) and math.isfinite(final) else None
+
+
+def scale_swing(frame: Any) -> float | None:
+    """How far the scale still moved over the last quarter of the results: max - min of its
+    log2 (0: it stayed put; 1: it still halved or doubled). None without a history.
+
+    Example:
+        >>> import pandas as pd
+        >>> scale_swing(pd.DataFrame({"learners/default_policy/amp_grad_scale": [1.0, 2.0, 8.0]}))
+        0.0
+    """
+    late = [v for v in _late_scales(frame) if v > 0]
+    if not late:
+        return None
+    return math.log2(max(late)) - math.log2(min(late))
+
+
 def first_reached(result: Any, metric: str, threshold: float) -> tuple[Any, Any]:
     """(env steps, seconds) of the trial's first result with ``metric >= threshold``, from
     its result history; (None, None) when it never got there (or kept no history)."""
-    try:
-        frame = result.metrics_dataframe
-    except Exception:  # noqa: BLE001 - a trial whose progress file is missing or unreadable
-        return None, None
+    frame = history(result)
     if frame is None or metric not in frame.columns:
         return None, None
     hit = frame[frame[metric] >= threshold]
@@ -127,17 +174,25 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
         row: dict[str, Any] = {"trial_id": final.get("trial_id") or _trial_id(result.path)}
         for key in exp.search:
             row[key] = _dig(cfg, config_path(key, cfg))
+        seed = cfg.get("seed")
+        row["seed"] = seed if seed is not None else exp.data.get("seed")
+        row["base_seed"] = exp.data.get("seed")
         steps = _metric(final, STEPS_KEY)
         total = _metric(final, "time_total_s")
+        frame = history(result)
         status = "ERROR" if result.error else ("DONE" if final.get("done") else "UNFINISHED")
         row.update(
             {
                 "status": status,
                 "training_iteration": final.get("training_iteration"),
+                "env_steps": steps,
                 exp.tune["metric"]: _metric(final, exp.tune["metric"]),
                 "grad_scale": _metric(final, amp_metric_key(M.GRAD_SCALE)),
                 "skip_fraction": _metric(final, amp_metric_key(M.SKIP_FRACTION)),
                 "skipped_steps": _metric(final, amp_metric_key(M.SKIPPED_STEPS_LIFETIME)),
+                "optimizer_steps": _metric(final, amp_metric_key(M.OPTIMIZER_STEPS_LIFETIME)),
+                "settled_scale": settled_scale(frame, _metric(final, amp_metric_key(M.GRAD_SCALE))),
+                "scale_swing": scale_swing(frame),
                 "env_steps_per_s": (steps / total) if steps and total else None,
                 "checkpoint": _checkpoint_location(result.checkpoint, storage),
                 "error": root_error(result.error) if result.error else None,
