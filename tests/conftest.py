@@ -21,9 +21,13 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # the whole session, not one per test: `ray start` nodes a fixture keeps across tests write
 # their auth token to ~/.ray and the drivers joining them read it from there. Subprocesses
 # (the CLI tests) inherit it.
-REAL_HOME = os.path.expanduser("~")
-TEST_HOME = tempfile.mkdtemp(prefix="rllib_amp_test_home_")
-atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
+# The variable keeps a second import of this file (as tests.conftest) on the same home.
+TEST_HOME_ENV = "RLLIB_AMP_TEST_HOME"
+TEST_HOME = os.environ.get(TEST_HOME_ENV, "")
+if not TEST_HOME:
+    TEST_HOME = tempfile.mkdtemp(prefix="rllib_amp_test_home_")
+    atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
+    os.environ[TEST_HOME_ENV] = TEST_HOME
 os.environ["HOME"] = TEST_HOME
 # What else would take runs out of that home or into a user's choice of storage: Tune's
 # deprecated result-folder variables (Tune raises on them) and the CLI's storage default.

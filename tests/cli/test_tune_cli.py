@@ -55,9 +55,18 @@ def test_dry_run_prints_config_and_space_and_runs_nothing(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "tiny")
 
 
-def test_default_config_is_found_and_valid(capsys):
+def test_default_config_is_found_and_valid(capsys, test_home):
+    """Also after the default job ran (twice, and once before names carried a time): the
+    default storage is ~/ray_results, here the tests' own home, never the user's."""
+    results = os.path.join(test_home, "ray_results")
+    for run in ("cartpole_ppo_amp", "cartpole_ppo_amp_2026-12-01_16-20-03"):
+        os.makedirs(os.path.join(results, run), exist_ok=True)
+        with open(os.path.join(results, run, "tuner.pkl"), "wb") as f:
+            f.write(b"a run of the default job")
     assert cli.main(["--dry-run"]) == 0
-    assert "cartpole_ppo_amp" in capsys.readouterr().out
+    first = capsys.readouterr().out.splitlines()[0]
+    assert re.search(r"-> .*/ray_results/cartpole_ppo_amp_\d{4}-\d\d-\d\d_[\d-]+$", first)
+    assert first.split("-> ")[1].startswith(results)
 
 
 BAD_ARGS = [

@@ -1,0 +1,147 @@
+"""Reruns of the same command: each run gets the file's name and its start time, both runs
+are kept, ``--resume`` alone continues the newest, an explicit ``--name`` in use is refused."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pwd
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+
+from rllib_amp.cli import UsageError
+from rllib_amp.sweep import main as cli
+from rllib_amp.sweep import resume as R
+from tests.cli.test_tune_cli import tiny_file
+
+PROG = "python -m rllib_amp.tune: error: "
+STAMPED = re.compile(r"tiny_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d(_\d+)?")
+
+
+def frozen_clock(monkeypatch, when: datetime.datetime) -> None:
+    """Every start reads the same second: what two commands started at once see."""
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[override]
+            return when
+
+    monkeypatch.setattr(R, "datetime", SimpleNamespace(datetime=Frozen))
+
+
+def make_run(storage, name: str, restorable: bool = True) -> None:
+    folder = storage / name
+    folder.mkdir(parents=True)
+    # Tuner.can_restore looks for exactly this file.
+    (folder / ("tuner.pkl" if restorable else "trial.log")).write_bytes(b"x")
+
+
+def test_two_starts_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
+    frozen_clock(monkeypatch, datetime.datetime(2026, 12, 1, 16, 20, 3))
+    first = R.new_run_name("tiny", str(tmp_path))
+    second = R.new_run_name("tiny", str(tmp_path))
+    assert first == "tiny_2026-12-01_16-20-03"
+    assert second == "tiny_2026-12-01_16-20-03_2"
+    assert sorted(os.listdir(tmp_path)) == [first, second]  # claimed, so a third differs too
+    R.release(str(tmp_path), first)  # left empty: a run that failed before Tune wrote
+    assert os.listdir(tmp_path) == [second]
+    (tmp_path / second / "tuner.pkl").write_bytes(b"x")
+    R.release(str(tmp_path), second)  # holds a run: kept
+    assert os.listdir(tmp_path) == [second]
+
+
+def test_newest_run_is_the_latest_start_with_contents(tmp_path):
+    for name in ("tiny", "tiny_2026-12-01_16-20-03_10", "tiny_2026-12-01_16-20-03_2",
+                 "tiny_2026-11-30_23-59-59", "tiny_extra_2026-12-31_00-00-00"):  # fmt: skip
+        make_run(tmp_path, name)
+    (tmp_path / "tiny_2026-12-02_00-00-00").mkdir()  # claimed by a start that then failed
+    (tmp_path / "tiny_2026-12-03_00-00-00").write_text("a file, not a run")
+    assert R.runs_of("tiny", str(tmp_path)) == [
+        "tiny",  # named before names carried a time: the oldest
+        "tiny_2026-11-30_23-59-59",
+        "tiny_2026-12-01_16-20-03_2",
+        "tiny_2026-12-01_16-20-03_10",
+        "tiny_2026-12-02_00-00-00",
+    ]
+    assert R.newest_run("tiny", str(tmp_path)) == "tiny_2026-12-01_16-20-03_10"
+    assert R.newest_run("other", str(tmp_path)) is None
+
+
+def test_resume_without_name_continues_the_newest_run(tmp_path, capsys):
+    make_run(tmp_path, "tiny_2026-11-30_10-00-00")
+    make_run(tmp_path, "tiny_2026-12-01_10-00-00")
+    name = R.choose_name("tiny", str(tmp_path), name=None, resume=True)
+    assert name == "tiny_2026-12-01_10-00-00"
+    assert (
+        "continuing the newest run of 'tiny': tiny_2026-12-01_10-00-00" in capsys.readouterr().out
+    )
+    # An explicit --name still picks the run it names.
+    assert R.choose_name("tiny", str(tmp_path), name="tiny_2026-11-30_10-00-00", resume=True) == (
+        "tiny_2026-11-30_10-00-00"
+    )
+    # A new start never reuses a name.
+    assert R.choose_name("tiny", str(tmp_path), name=None, resume=False) is None
+
+
+def test_resume_without_name_and_no_run_exits_2_naming_the_fix(tmp_path):
+    make_run(tmp_path, "tiny_2026-11-30_10-00-00", restorable=False)
+    with pytest.raises(UsageError, match="--resume: no experiment of 'tiny' to continue at .*"
+                       "tiny_2026-11-30_10-00-00; pass the --name and --storage-path"):  # fmt: skip
+        R.choose_name("tiny", str(tmp_path), name=None, resume=True)
+    with pytest.raises(UsageError, match=r"no folder tiny_<time>"):
+        R.choose_name("tiny", str(tmp_path / "empty"), name=None, resume=True)
+
+
+def test_an_explicit_name_in_use_is_refused_before_ray_loads(tmp_path):
+    """In a fresh process: exit 2, one line naming --resume, another --name and the default,
+    the run left as it was, and neither RLlib nor torch imported to say so."""
+    make_run(tmp_path, "mine")
+    probe = (
+        "import sys\nfrom rllib_amp.sweep.main import main\n"
+        f"rc = main(['--config', {tiny_file(tmp_path)!r}, '--storage-path', {str(tmp_path)!r},"
+        " '--name', 'mine'])\n"
+        "print(rc, 'torch' in sys.modules, 'ray.rllib' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.stdout.split() == ["2", "False", "False"], proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith(PROG + "--name: an experiment named 'mine' already exists"), err
+    assert "--resume" in err and "another --name" in err and "default name" in err
+    assert len(err.splitlines()) == 1
+    assert os.listdir(tmp_path / "mine") == ["tuner.pkl"]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_running_the_same_command_twice_keeps_both_runs(tmp_path, capsys):
+    config = tiny_file(tmp_path, iterations=1, scales=[1024.0])  # one trial
+    argv = ["--config", config, "--storage-path", str(tmp_path / "store")]
+    assert cli.main(argv) == 0
+    assert cli.main(argv) == 0
+    runs = sorted(os.listdir(tmp_path / "store"))
+    assert len(runs) == 2 and all(STAMPED.fullmatch(r) for r in runs), runs
+    for run in runs:
+        table = pq.read_table(str(tmp_path / "store" / run / "results.parquet")).to_pylist()
+        assert [r["status"] for r in table] == ["DONE"]
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert f"continuing the newest run of 'tiny': {runs[-1]}" in capsys.readouterr().out
+
+
+# -- the tests' own home ---------------------------------------------------------------------
+def test_tests_run_in_a_home_of_their_own(test_home):
+    from ray.train.constants import DEFAULT_STORAGE_PATH
+
+    real = pwd.getpwuid(os.getuid()).pw_dir
+    assert os.path.expanduser("~") == test_home != real
+    assert os.path.join(test_home, "ray_results") == DEFAULT_STORAGE_PATH  # Tune's default
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.path.expanduser('~'))"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.stdout.strip() == test_home  # and the CLI tests' subprocesses inherit it
