@@ -27,10 +27,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rllib_amp.learner import metrics as M
 from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.groups import Group
 from rllib_amp.sweep.summary import STEPS_KEY, amp_metric_key, history, target
-from rllib_amp.learner import metrics as M
 
 FILE = "sweep.png"
 SCALE = amp_metric_key(M.GRAD_SCALE)

@@ -127,7 +127,7 @@ def test_interval_is_the_student_t_95_percent_interval():
 
 def test_steps_to_the_target_count_seeds_that_never_got_there_at_the_budget():
     _, _, found = _groups()
-    slow = next(g for g in found if g.values == {"amp.init_scale": 1024.0, "amp.growth_interval": 10})
+    slow = next(g for g in found if g.values == dict(zip(KEYS, (1024.0, 10))))
     # One seed at 6,000 steps, two censored at the 6,000-step budget: a lower bound, not 6,000
     # from the one lucky seed alone, and "1 of 3" says so.
     assert slow.reached == 1 and slow.steps is not None and slow.steps.mean == 6000.0

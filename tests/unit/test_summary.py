@@ -7,7 +7,6 @@ import math
 from types import SimpleNamespace
 
 import pandas as pd
-import pytest
 
 from rllib_amp import experiment as E
 from rllib_amp.sweep import summary
