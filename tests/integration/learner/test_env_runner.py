@@ -1,0 +1,101 @@
+"""The autocast EnvRunners: a real CartPole PPO EnvRunner, its module's layers watched by hooks.
+
+RLModule's forward_exploration calls ``_forward_exploration`` directly (not ``__call__``), so
+hooks go on the torch layers inside the module: they see the autocast state the wrapped
+forward pass runs under.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+
+from rllib_amp import with_amp
+from rllib_amp.learner.env_runner import AmpSingleAgentEnvRunner
+from tests.integration.common import tiny_config
+
+
+@contextmanager
+def _runner(**amp) -> Iterator:
+    config = with_amp(tiny_config("PPO"), **amp)
+    runner = config.env_runner_cls(config=config)
+    try:
+        yield runner
+    finally:
+        runner.stop()
+
+
+def _watch_layers(module: torch.nn.Module) -> list[tuple[bool, torch.dtype, torch.dtype]]:
+    """Records (autocast on for CPU, its dtype, the output's dtype) at every Linear call."""
+    seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
+
+    def hook(_layer, _inputs, output):
+        seen.append(
+            (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), output.dtype)
+        )
+
+    layers = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    assert layers, "the tiny PPO module has no Linear layer to watch"
+    for layer in layers:
+        layer.register_forward_hook(hook)
+    return seen
+
+
+def _sample(runner, steps: int = 16) -> list:
+    # random_actions=False: actions come from the module, so its forward pass runs.
+    return runner.sample(num_timesteps=steps, random_actions=False)
+
+
+def test_bfloat16_inference_runs_under_autocast_and_hands_rllib_float32_numpy():
+    with _runner(dtype="bfloat16", inference_dtype="bfloat16") as runner:
+        assert isinstance(runner, AmpSingleAgentEnvRunner)
+        assert runner.amp_inference_precision.dtype == torch.bfloat16
+        seen = _watch_layers(runner.module)
+
+        episodes = _sample(runner)
+
+        assert seen, "the module's forward pass never ran"
+        assert all(seen_one == (True, torch.bfloat16, torch.bfloat16) for seen_one in seen), seen
+        # The region closes with the forward pass: nothing leaks into RLlib's connectors.
+        assert not torch.is_autocast_enabled("cpu")
+
+        # What leaves the module is float32, which RLlib's connectors turned into numpy.
+        for episode in episodes:
+            assert episode.is_numpy
+            for key in ("action_logp", "action_dist_inputs"):
+                value = episode.get_extra_model_outputs(key)
+                assert isinstance(value, np.ndarray), (key, type(value))
+                assert value.dtype == np.float32, (key, value.dtype)
+                assert np.isfinite(value).all(), key
+        assert sum(len(e) for e in episodes) >= 16
+
+
+def test_the_wrapped_forward_returns_float32_tensors():
+    with _runner(dtype="bfloat16", inference_dtype="bfloat16") as runner:
+        obs = torch.zeros(3, 4)
+        out = runner.module.forward_exploration({"obs": obs})
+        tensors = [v for v in out.values() if isinstance(v, torch.Tensor)]
+        assert tensors
+        assert {t.dtype for t in tensors if t.is_floating_point()} == {torch.float32}
+
+
+@pytest.mark.parametrize(
+    "amp",
+    [
+        pytest.param({"enabled": False, "inference_dtype": "bfloat16"}, id="amp-disabled"),
+        pytest.param({"dtype": "bfloat16", "inference_dtype": "float32"}, id="inference-float32"),
+        # "auto" keeps a CPU runner with one env in float32 (bfloat16 pays from 16 envs).
+        pytest.param({"dtype": "bfloat16"}, id="auto-one-cpu-env"),
+    ],
+)
+def test_no_autocast_where_inference_stays_float32(amp):
+    with _runner(**amp) as runner:
+        assert not runner.amp_inference_precision.enabled
+        seen = _watch_layers(runner.module)
+        _sample(runner, steps=8)
+        assert seen
+        assert all(not on and out == torch.float32 for on, _, out in seen), seen
