@@ -14,20 +14,26 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ray.rllib.algorithms import appo, ppo
+from ray.rllib.algorithms.algorithm import Algorithm as RLlibAlgorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.algorithms.appo import APPOConfig
+from ray.rllib.algorithms.appo import APPO, APPOConfig
 from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.appo.torch.default_appo_torch_rl_module import DefaultAPPOTorchRLModule
-from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.algorithms.dqn import DQN, DQNConfig, dqn_learner
 from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQNTorchRLModule
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
-from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.algorithms.ppo import PPO, PPOConfig
 from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.core.learner import learner as rllib_learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils import metrics as M
 
+from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
 from rllib_amp.checks import suggest
 from rllib_amp.envs.models import with_batchnorm, with_uint8_images
 from rllib_amp.learner.mixin import AmpLearnerMixin
@@ -45,6 +51,18 @@ class AmpDQNTorchLearner(AmpLearnerMixin, DQNTorchLearner):
 
 class AmpAPPOTorchLearner(AmpLearnerMixin, APPOTorchLearner):
     """APPO's torch learner with autocast and a checkpointed GradScaler per policy."""
+
+
+class AmpPPO(AmpAlgorithmMixin, PPO):
+    """RLlib's PPO with verified restores and checksummed checkpoints."""
+
+
+class AmpDQN(AmpAlgorithmMixin, DQN):
+    """RLlib's DQN with verified restores and checksummed checkpoints."""
+
+
+class AmpAPPO(AmpAlgorithmMixin, APPO):
+    """RLlib's APPO with verified restores and checksummed checkpoints."""
 
 
 Uint8DefaultPPOTorchRLModule = with_uint8_images(DefaultPPOTorchRLModule)
@@ -73,8 +91,22 @@ for _cls in (
 
 
 @dataclass(frozen=True)
+class ResultKeys:
+    """What one algorithm reports beyond the keys every algorithm reports."""
+
+    top: tuple[str, ...] = ()
+    scopes: tuple[str, ...] = ()
+    # Per-module learner keys worth suggesting (the losses people stop or rank on).
+    learner: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Algorithm:
-    """One supported algorithm and the classes rllib-amp uses for it."""
+    """One supported algorithm and the classes rllib-amp uses for it.
+
+    ``minibatches``: the learner splits each train batch into minibatches
+    (``minibatch_size``, ``num_epochs``); ``results``: the result keys it adds.
+    """
 
     name: str
     config_class: type[AlgorithmConfig]
@@ -83,6 +115,17 @@ class Algorithm:
     module: type
     uint8_module: type
     batchnorm_module: type
+    algorithm_class: type[RLlibAlgorithm]
+    amp_algorithm: type[RLlibAlgorithm]
+    minibatches: bool
+    results: ResultKeys
+
+
+_POLICY_GRADIENT_LOSSES = (
+    rllib_learner.POLICY_LOSS_KEY,
+    rllib_learner.VF_LOSS_KEY,
+    rllib_learner.ENTROPY_KEY,
+)
 
 
 # In the order messages list them.
@@ -97,6 +140,16 @@ ALGORITHMS: dict[str, Algorithm] = {
             DefaultPPOTorchRLModule,
             Uint8DefaultPPOTorchRLModule,
             BatchNormDefaultPPOTorchRLModule,
+            PPO,
+            AmpPPO,
+            minibatches=True,
+            results=ResultKeys(
+                learner=(
+                    *_POLICY_GRADIENT_LOSSES,
+                    ppo.ppo.LEARNER_RESULTS_KL_KEY,
+                    ppo.ppo.LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
+                ),
+            ),
         ),
         Algorithm(
             "DQN",
@@ -106,6 +159,17 @@ ALGORITHMS: dict[str, Algorithm] = {
             DefaultDQNTorchRLModule,
             Uint8DefaultDQNTorchRLModule,
             BatchNormDefaultDQNTorchRLModule,
+            DQN,
+            AmpDQN,
+            minibatches=False,
+            results=ResultKeys(
+                scopes=("replay_buffer",),
+                learner=(
+                    dqn_learner.QF_LOSS_KEY,
+                    dqn_learner.TD_ERROR_MEAN_KEY,
+                    dqn_learner.QF_MEAN_KEY,
+                ),
+            ),
         ),
         Algorithm(
             "APPO",
@@ -115,6 +179,18 @@ ALGORITHMS: dict[str, Algorithm] = {
             DefaultAPPOTorchRLModule,
             Uint8DefaultAPPOTorchRLModule,
             BatchNormDefaultAPPOTorchRLModule,
+            APPO,
+            AmpAPPO,
+            minibatches=True,
+            results=ResultKeys(
+                top=(
+                    M.MEAN_NUM_LEARNER_GROUP_UPDATE_CALLED,
+                    M.NUM_SYNCH_WORKER_WEIGHTS,
+                    M.NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
+                ),
+                scopes=("learner_group",),
+                learner=(*_POLICY_GRADIENT_LOSSES, appo.appo.LEARNER_RESULTS_KL_KEY),
+            ),
         ),
     )
 }
@@ -144,7 +220,26 @@ def algorithm_for_config(config: AlgorithmConfig) -> Algorithm | None:
     return matches[0] if matches else None
 
 
-_MADE: dict[type, type] = {}
+# One class per (mixin, base), so that Ray and checkpoints see the same class each time.
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+
+
+def amp_subclass(mixin: type, base: type, *, known: Mapping[type, type], doc: str) -> type:
+    """``base`` with ``mixin`` in front: ``base`` itself if it has the mixin, the registry's
+    class for RLlib's own ``base``, else ``Amp<base>``, made once per base.
+
+    Example:
+        >>> amp_subclass(AmpLearnerMixin, PPOTorchLearner, known={}, doc="").__name__
+        'AmpPPOTorchLearner'
+    """
+    if issubclass(base, mixin):
+        return base
+    if base in known:
+        return known[base]
+    if (mixin, base) not in _SUBCLASSES:
+        name, text = f"Amp{base.__name__}", f"{base.__name__} {doc}"
+        _SUBCLASSES[mixin, base] = type(name, (mixin, base), {"__doc__": text})
+    return _SUBCLASSES[mixin, base]
 
 
 def amp_learner_class(base_learner_cls: type) -> type:
@@ -159,15 +254,30 @@ def amp_learner_class(base_learner_cls: type) -> type:
             f"amp_learner_class: expected a subclass of RLlib's TorchLearner, got "
             f"{base_learner_cls!r}; pass e.g. PPOTorchLearner or your own TorchLearner subclass"
         )
-    if issubclass(base_learner_cls, AmpLearnerMixin):
-        return base_learner_cls
-    for record in ALGORITHMS.values():
-        if record.learner is base_learner_cls:
-            return record.amp_learner
-    if base_learner_cls not in _MADE:
-        _MADE[base_learner_cls] = type(
-            f"Amp{base_learner_cls.__name__}",
-            (AmpLearnerMixin, base_learner_cls),
-            {"__doc__": f"{base_learner_cls.__name__} with rllib-amp mixed precision."},
+    known = {a.learner: a.amp_learner for a in ALGORITHMS.values()}
+    return amp_subclass(
+        AmpLearnerMixin, base_learner_cls, known=known, doc="with rllib-amp mixed precision."
+    )
+
+
+def amp_algorithm_class(base: type) -> type:
+    """The version of an Algorithm class (RLlib's or yours) with all-or-nothing restores
+    (``rllib_amp.checkpoints.algorithm``).
+
+    Example:
+        >>> from ray.rllib.algorithms.dqn import DQN
+        >>> issubclass(amp_algorithm_class(DQN), DQN)
+        True
+    """
+    if not isinstance(base, type) or not issubclass(base, RLlibAlgorithm):
+        raise TypeError(
+            f"amp_algorithm_class: expected a subclass of RLlib's Algorithm, got {base!r}; "
+            f"pass e.g. PPO or your own Algorithm subclass"
         )
-    return _MADE[base_learner_cls]
+    known = {a.algorithm_class: a.amp_algorithm for a in ALGORITHMS.values()}
+    return amp_subclass(
+        AmpAlgorithmMixin,
+        base,
+        known=known,
+        doc="with verified restores and checksummed checkpoints.",
+    )

@@ -1,4 +1,5 @@
-"""``with_amp``: one call that makes an RLlib PPO / DQN / APPO config train in mixed precision.
+"""``with_amp``: one call that makes an RLlib config of a supported algorithm
+(``rllib_amp.algorithms.ALGORITHMS``) train in mixed precision.
 
 Example:
     >>> from ray.rllib.algorithms.dqn import DQNConfig
@@ -14,10 +15,14 @@ from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.tune.registry import get_trainable_cls
-from ray.tune.search.sample import Domain
 
-from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config, amp_learner_class
-from rllib_amp.checkpoints.algorithm import amp_algorithm_class
+from rllib_amp.algorithms import (
+    ALGORITHMS,
+    algorithm_for_config,
+    amp_algorithm_class,
+    amp_learner_class,
+)
+from rllib_amp.checks import is_search_space
 from rllib_amp.learner.env_runner import AmpMultiAgentEnvRunner, AmpSingleAgentEnvRunner
 from rllib_amp.scaling.scaler_set import check_no_rllib_grad_scaler
 from rllib_amp.settings import (
@@ -38,7 +43,8 @@ def with_amp(
     """Sets ``config`` to train with rllib-amp's learner for its algorithm; returns it.
 
     Args:
-        config: A PPOConfig, DQNConfig or APPOConfig (new API stack, torch).
+        config: The config of an algorithm in ``rllib_amp.algorithms.ALGORITHMS``, e.g. a
+            PPOConfig (new API stack, torch).
         settings: AmpSettings to use. They replace whatever AMP settings ``config`` holds.
             Without them, the settings already in ``config`` (from an earlier ``with_amp``)
             are kept, or ``AmpSettings()`` (precision "auto") if it has none.
@@ -51,7 +57,7 @@ def with_amp(
     Like RLlib's own builder methods, this changes ``config`` in place and returns it. It
     also sets the EnvRunner class (autocast inference, ``AmpSettings.inference_dtype``) for
     single- or multi-agent, so call it after ``config.multi_agent(...)``, and the Algorithm
-    class to one whose restores are all or nothing (``algorithm_checkpoints``).
+    class to one whose restores are all or nothing (``rllib_amp.checkpoints.algorithm``).
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -111,17 +117,11 @@ def with_amp(
     return config
 
 
-def _is_sampler(value: Any) -> bool:
-    return isinstance(value, Domain) or (
-        isinstance(value, Mapping) and set(value) == {"grid_search"}
-    )
-
-
 def _settings_in(config: AlgorithmConfig) -> tuple[AmpSettings, dict[str, Any]]:
     """The AmpSettings already stored in ``config`` and the fields that hold Tune samplers."""
     block = (config.learner_config_dict or {}).get(AMP_CONFIG_KEY)
     if not isinstance(block, Mapping):
         return settings_from_config(config), {}
-    searched = {k: v for k, v in block.items() if _is_sampler(v)}
+    searched = {k: v for k, v in block.items() if is_search_space(v)}
     plain = {k: v for k, v in block.items() if k not in searched}
     return AmpSettings.from_dict(plain, where="amp"), searched

@@ -43,3 +43,17 @@ def dotted(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def is_search_space(value: Any) -> bool:
+    """True for a Tune sampler (``tune.choice``, ``tune.loguniform``...) or a
+    ``{"grid_search": [...]}`` mapping: a value to check once Tune has sampled it.
+
+    Example:
+        >>> is_search_space({"grid_search": [1, 2]}), is_search_space({"a": 1})
+        (True, False)
+    """
+    # By module name: checks.py is imported where Ray must not be.
+    return type(value).__module__.startswith("ray.tune.search") or (
+        isinstance(value, Mapping) and set(value) == {"grid_search"}
+    )

@@ -95,8 +95,19 @@ class ParityRun(NamedTuple):
 def _by_name(items: tuple[Any, ...]) -> dict[str, Any]:
     for item in items:
         # algorithm() raises a ValueError naming the registry's algorithms.
-        if algorithm(item.algorithm).name != item.algorithm:
+        record = algorithm(item.algorithm)
+        if record.name != item.algorithm:
             raise ValueError(f"bench: spell {item.algorithm!r} as in {list(ALGORITHMS)}")
+        # The registry says whose learner splits batches into minibatches.
+        minibatch = getattr(item, "minibatch", None)
+        if isinstance(item, Workload) and (minibatch is not None) != record.minibatches:
+            raise ValueError(
+                f"bench: {item.algorithm} workload minibatch={minibatch!r}: "
+                f"{item.algorithm}'s learner "
+                f"{'splits' if record.minibatches else 'does not split'} batches into "
+                f"minibatches (rllib_amp.algorithms); give "
+                f"{'a minibatch size' if record.minibatches else 'minibatch=None'}"
+            )
     return {item.algorithm: item for item in items}
 
 

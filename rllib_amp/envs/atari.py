@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rllib_amp.checks import is_number, suggest
+from rllib_amp.checks import is_number, is_search_space, suggest
 
 # env_config key choosing the Atari path, and its values.
 PREPROCESSING_KEY = "preprocessing"
@@ -84,13 +84,6 @@ _WRAPPER_ONLY = (
 _WRAPPERS_TAKE = ("repeat_action_probability", "full_action_space", "max_num_frames_per_episode")
 
 
-def _is_search_domain(value: Any) -> bool:
-    """A Tune sampler (``tune.choice``...) or ``grid_search`` dict: checked once sampled."""
-    return type(value).__module__.startswith("ray.tune") or (
-        isinstance(value, Mapping) and "grid_search" in value
-    )
-
-
 def _value_ok(key: str, value: Any) -> bool:
     allowed = NATIVE_OPTIONS[key].allowed
     if allowed == _BOOL:
@@ -117,7 +110,7 @@ def check_native_options(env_config: Mapping[str, Any]) -> None:
     """
     for key, value in env_config.items():
         if key in NATIVE_OPTIONS:
-            if not _is_search_domain(value) and not _value_ok(key, value):
+            if not is_search_space(value) and not _value_ok(key, value):
                 raise ValueError(
                     f"env_config.{key}: got {value!r}; expected {NATIVE_OPTIONS[key].allowed} "
                     f"({NATIVE_OPTIONS[key].help})"

@@ -6,7 +6,8 @@ algorithm reports, so that ``preflight`` can refuse the others and name the near
 
 The catalog is built from RLlib's own names (``ray.rllib.utils.metrics``, the constants of the
 algorithm's and learner's modules, the scopes RLlib nests them under), Tune's automatic keys
-and rllib-amp's per-module keys (``rllib_amp.learner.metrics``). Where RLlib logs a key under a literal
+and rllib-amp's per-module keys (``rllib_amp.learner.metrics``); what each algorithm adds is
+in its registry record (``rllib_amp.algorithms``). Where RLlib logs a key under a literal
 string, the literal is listed here. ``tests/cli/test_result_catalog.py`` runs a real iteration
 of each algorithm and checks both directions: every key of the result is accepted, and every
 key offered as a suggestion is really reported.
@@ -97,51 +98,6 @@ THROUGHPUT_PARTS = ("throughput_since_last_reduce", "throughput_since_last_resto
 _NAME = r"[A-Za-z0-9_]+"
 
 
-@dataclass(frozen=True)
-class _Family:
-    """What one algorithm reports beyond the common keys."""
-
-    top: tuple[str, ...] = ()
-    scopes: tuple[str, ...] = ()
-    # Per-module learner keys worth suggesting (the losses people stop or rank on).
-    learner: tuple[str, ...] = ()
-
-
-def _const(module: str, name: str) -> str:
-    return str(getattr(importlib.import_module(module), name))
-
-
-_PPO_LOSSES = (
-    rllib_learner.POLICY_LOSS_KEY,
-    rllib_learner.VF_LOSS_KEY,
-    rllib_learner.ENTROPY_KEY,
-)
-FAMILIES: dict[str, _Family] = {
-    "PPO": _Family(
-        learner=(
-            *_PPO_LOSSES,
-            _const("ray.rllib.algorithms.ppo.ppo", "LEARNER_RESULTS_KL_KEY"),
-            _const("ray.rllib.algorithms.ppo.ppo", "LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY"),
-        ),
-    ),
-    "APPO": _Family(
-        top=(
-            M.MEAN_NUM_LEARNER_GROUP_UPDATE_CALLED,
-            M.NUM_SYNCH_WORKER_WEIGHTS,
-            M.NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
-        ),
-        scopes=("learner_group",),
-        learner=(*_PPO_LOSSES, _const("ray.rllib.algorithms.appo.appo", "LEARNER_RESULTS_KL_KEY")),
-    ),
-    "DQN": _Family(
-        scopes=("replay_buffer",),
-        learner=(
-            _const("ray.rllib.algorithms.dqn.dqn_learner", "QF_LOSS_KEY"),
-            _const("ray.rllib.algorithms.dqn.dqn_learner", "TD_ERROR_MEAN_KEY"),
-            _const("ray.rllib.algorithms.dqn.dqn_learner", "QF_MEAN_KEY"),
-        ),
-    ),
-}
 # Old API stack names that users carry over, and what the new stack reports instead.
 RENAMED = {
     "timesteps_total": M.NUM_ENV_STEPS_SAMPLED_LIFETIME,
@@ -284,11 +240,11 @@ def catalog(name: str) -> ResultCatalog:
     """The result catalog of the algorithm ``name`` (case-insensitive).
 
     Example:
-        >>> "learners/default_policy/amp_grad_scale" in catalog("APPO").suggestions
+        >>> "learners/default_policy/amp_grad_scale" in catalog("DQN").suggestions
         True
     """
     record = algorithm(name)
-    family = FAMILIES.get(record.name, _Family())
+    family = record.results
     leaves = _identifier_constants(_rllib_modules(record.name))
     leaves.update(LITERAL_LEAVES)
     leaves.update(amp_metrics.ALL_KEYS)

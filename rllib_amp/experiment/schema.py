@@ -26,10 +26,10 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-from rllib_amp.envs import configure as envs
-from rllib_amp.envs import models
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
+from rllib_amp.envs import configure as envs
+from rllib_amp.envs import models
 from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.settings import AmpSettings, WarmStart, check_pbt_mutations
 
@@ -177,9 +177,11 @@ def _lr(path: str, v: Any) -> None:
     fix = f"give a number or RLlib's schedule form, e.g. {LR_SCHEDULE_EXAMPLE}"
     if not isinstance(v, list) or not v:
         raise _err(path, "training.lr", f"got {v!r}; {fix}")
-    previous = -1
+    previous: Any = -1
     for pair in v:
         ok = isinstance(pair, list) and len(pair) == 2
+        step: Any
+        lr: Any
         step, lr = pair if ok else (None, None)
         ok = ok and isinstance(step, int) and not isinstance(step, bool) and step > previous
         ok = ok and is_number(lr) and math.isfinite(lr) and lr >= 0
@@ -675,8 +677,8 @@ def _batch_bounds(exp: Mapping[str, Any], key: str, default: int | None) -> tupl
 
 
 def _check_batch_sizes(exp: Mapping[str, Any], path: str) -> None:
-    """PPO and APPO split each train batch into minibatches: no minibatch may outgrow it."""
-    if exp["algorithm"] not in ("PPO", "APPO"):
+    """Learners that split each train batch into minibatches: none may outgrow the batch."""
+    if not algorithm(exp["algorithm"]).minibatches:
         return
     defaults = algorithm_config_class(exp["algorithm"])()
     batch_lo, _ = _batch_bounds(

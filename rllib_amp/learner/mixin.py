@@ -265,7 +265,7 @@ class AmpLearnerMixin(_MixinBase):
         report_update(
             self.metrics,
             self.amp_scalers,
-            # IMPALA and APPO learners feed several update results into one iteration.
+            # Asynchronous learners (IMPALA-style) feed several update results into one iteration.
             merged_results=self.config.num_learners > 1 or isinstance(self.config, IMPALAConfig),
             trial=self._amp_trial,
         )

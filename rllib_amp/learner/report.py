@@ -38,7 +38,7 @@ def report_update(
 
     ``metrics`` is the learner's MetricsLogger; ``trial`` tags the Ray metrics;
     ``merged_results``: the algorithm merges several learner results into one iteration
-    (several learners, or an asynchronous learner such as APPO's).
+    (several learners, or an asynchronous learner).
     """
     # RLlib's "item" reduce keeps the latest value (the scale after the iteration's last
     # update) but cannot merge several results; where results are merged the scale is

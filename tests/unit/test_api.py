@@ -154,7 +154,7 @@ def test_with_amp_sets_an_algorithm_class_with_verified_restores(config_cls, alg
 def test_amp_algorithm_class_wraps_user_algorithms_once():
     from ray.rllib.algorithms.ppo import PPO
 
-    from rllib_amp.checkpoints.algorithm import AmpPPO, amp_algorithm_class
+    from rllib_amp.algorithms import AmpPPO, amp_algorithm_class
 
     class MyPPO(PPO):
         pass

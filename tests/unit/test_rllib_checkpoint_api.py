@@ -25,6 +25,7 @@ from ray.train._internal.storage import StorageContext
 from ray.tune.execution.tune_controller import TuneController
 from ray.tune.trainable.metadata import _TrainingRunMetadata
 
+from rllib_amp import fs
 from rllib_amp.checkpoints import fallback as checkpoint_fallback
 from rllib_amp.checkpoints import verify as checkpoint_files
 from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
@@ -78,7 +79,7 @@ def test_state_file_names_and_component_keys_we_check():
 
 
 def test_tune_checkpoint_and_experiment_state_names():
-    assert checkpoint_fallback._CHECKPOINT_DIR.match(StorageContext._make_checkpoint_dir_name(7))
+    assert fs.CHECKPOINT_FOLDER.match(StorageContext._make_checkpoint_dir_name(7))
     assert TuneController.CKPT_FILE_TMPL.format("*") == checkpoint_fallback._EXPERIMENT_STATE_GLOB
 
 
