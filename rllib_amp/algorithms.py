@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ray.rllib.algorithms import appo, ppo
 from ray.rllib.algorithms.algorithm import Algorithm as RLlibAlgorithm
@@ -224,14 +225,23 @@ def algorithm_for_config(config: AlgorithmConfig) -> Algorithm | None:
 _SUBCLASSES: dict[tuple[type, type], type] = {}
 
 
-def amp_subclass(mixin: type, base: type, *, known: Mapping[type, type], doc: str) -> type:
-    """``base`` with ``mixin`` in front: ``base`` itself if it has the mixin, the registry's
-    class for RLlib's own ``base``, else ``Amp<base>``, made once per base.
+def amp_subclass(
+    mixin: type, base: Any, *, root: type, known: Mapping[type, type], doc: str, caller: str
+) -> type:
+    """``base`` (a subclass of RLlib's ``root``) with ``mixin`` in front: ``base`` itself if
+    it has the mixin, the registry's class for RLlib's own ``base``, else ``Amp<base>``, made
+    once per base. TypeError, naming ``caller``, for anything but a subclass of ``root``.
 
     Example:
-        >>> amp_subclass(AmpLearnerMixin, PPOTorchLearner, known={}, doc="").__name__
+        >>> amp_subclass(AmpLearnerMixin, PPOTorchLearner, root=TorchLearner, known={},
+        ...              doc="", caller="f").__name__
         'AmpPPOTorchLearner'
     """
+    if not isinstance(base, type) or not issubclass(base, root):
+        raise TypeError(
+            f"{caller}: expected a subclass of RLlib's {root.__name__}, got {base!r}; pass "
+            f"e.g. {next(iter(known), root).__name__} or your own {root.__name__} subclass"
+        )
     if issubclass(base, mixin):
         return base
     if base in known:
@@ -249,14 +259,13 @@ def amp_learner_class(base_learner_cls: type) -> type:
         >>> amp_learner_class(PPOTorchLearner).__name__
         'AmpPPOTorchLearner'
     """
-    if not isinstance(base_learner_cls, type) or not issubclass(base_learner_cls, TorchLearner):
-        raise TypeError(
-            f"amp_learner_class: expected a subclass of RLlib's TorchLearner, got "
-            f"{base_learner_cls!r}; pass e.g. PPOTorchLearner or your own TorchLearner subclass"
-        )
-    known = {a.learner: a.amp_learner for a in ALGORITHMS.values()}
     return amp_subclass(
-        AmpLearnerMixin, base_learner_cls, known=known, doc="with rllib-amp mixed precision."
+        AmpLearnerMixin,
+        base_learner_cls,
+        root=TorchLearner,
+        known={a.learner: a.amp_learner for a in ALGORITHMS.values()},
+        doc="with rllib-amp mixed precision.",
+        caller="amp_learner_class",
     )
 
 
@@ -269,15 +278,11 @@ def amp_algorithm_class(base: type) -> type:
         >>> issubclass(amp_algorithm_class(DQN), DQN)
         True
     """
-    if not isinstance(base, type) or not issubclass(base, RLlibAlgorithm):
-        raise TypeError(
-            f"amp_algorithm_class: expected a subclass of RLlib's Algorithm, got {base!r}; "
-            f"pass e.g. PPO or your own Algorithm subclass"
-        )
-    known = {a.algorithm_class: a.amp_algorithm for a in ALGORITHMS.values()}
     return amp_subclass(
         AmpAlgorithmMixin,
         base,
-        known=known,
+        root=RLlibAlgorithm,
+        known={a.algorithm_class: a.amp_algorithm for a in ALGORITHMS.values()},
         doc="with verified restores and checksummed checkpoints.",
+        caller="amp_algorithm_class",
     )
