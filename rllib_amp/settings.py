@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rllib_amp.checks import dotted, is_number, suggest
+from rllib_amp.checks import is_number, suggest
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -393,54 +393,3 @@ def store_in_config(
             )
         block[key] = sampler
     config.learners(learner_config_dict={AMP_CONFIG_KEY: block})
-
-
-# -- Population Based Training ---------------------------------------------------------------
-# Settings that a PBT exploit cannot carry over, and why; every other AMP setting may mutate.
-_NOT_MUTABLE_UNDER_PBT = {
-    "init_scale": (
-        "init_scale only seeds a fresh scaler: after an exploit the recipient continues at the "
-        "donor's live scale, so a trial's init_scale would no longer describe it. Set "
-        "amp.init_scale once (or seed the scale with amp.warm_start) and let PBT mutate "
-        "amp.growth_interval, amp.growth_factor or amp.backoff_factor; to compare init_scale "
-        "values, sweep them without PBT"
-    ),
-    "warm_start": (
-        "warm_start seeds the scalers only when a trial starts: after an exploit the scales "
-        "come from the donor's checkpoint. Set amp.warm_start once, outside search and "
-        "hyperparam_mutations"
-    ),
-}
-
-
-def check_pbt_mutations(mutations: Mapping[str, Any], *, searched: Iterable[str] = ()) -> None:
-    """Refuses AMP settings that Population Based Training cannot change mid-run.
-
-    ``mutations`` is PBT's ``hyperparam_mutations`` (flat dotted keys such as
-    ``amp.init_scale``, or nested mappings); ``searched`` the keys of the initial search.
-    An AMP key is a field name, alone or under ``amp.`` / ``learner_config_dict.rllib_amp.``.
-    Raises ValueError naming the key, why, and the fix. growth_interval, growth_factor and
-    backoff_factor may mutate: a recipient keeps its own and continues the donor's scale.
-
-    Example:
-        >>> check_pbt_mutations({"amp.growth_interval": [100, 2000], "training.lr": [1e-4]})
-        >>> check_pbt_mutations({"amp": {"init_scale": [1024.0]}})
-        Traceback (most recent call last):
-        ...
-        ValueError: hyperparam_mutations.amp.init_scale: cannot change under PBT: ...
-    """
-    keyed = [("hyperparam_mutations", k) for k in dotted(mutations)]
-    keyed += [("search", str(k)) for k in searched]
-    for where, key in keyed:
-        parts = key.split(".")
-        for i, part in enumerate(parts):
-            owner = ".".join(parts[:i])
-            if part in _NOT_MUTABLE_UNDER_PBT and owner in (
-                "",
-                "amp",
-                AMP_CONFIG_KEY,
-                f"learner_config_dict.{AMP_CONFIG_KEY}",
-            ):
-                raise ValueError(
-                    f"{where}.{key}: cannot change under PBT: {_NOT_MUTABLE_UNDER_PBT[part]}"
-                )

@@ -26,16 +26,12 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_amp.experiment import builder
+from rllib_amp.experiment.dotted import TOP_KEYS, with_override
+from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
-from rllib_amp.experiment.schema import (
-    TOP_KEYS,
-    ExperimentError,
-    algorithm_config_class,
-    validate,
-    with_override,
-)
+from rllib_amp.experiment.schema import algorithm_config_class, validate
 from rllib_amp.settings import AmpSettings
 
 __all__ = [

@@ -37,9 +37,9 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.results import catalog
 from rllib_amp.experiment.sampler import Sampler
-from rllib_amp.experiment.schema import ExperimentError
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -86,7 +86,7 @@ def preflight(exp: Experiment) -> str:
         >>> from rllib_amp import experiment as E
         >>> preflight(E.load("tune_configs/cartpole_ppo_amp.yaml", overrides=["env_config.foo=1"]))
         Traceback (most recent call last):
-        rllib_amp.experiment.schema.ExperimentError: tune_configs/cartpole_ppo_amp.yaml:
+        rllib_amp.experiment.errors.ExperimentError: tune_configs/cartpole_ppo_amp.yaml:
         env_config.foo: constructing CartPole-v1 with env_config failed (with ...): TypeError:
         CartPoleEnv.__init__() got an unexpected keyword argument 'foo' ...; fix env_config.foo
         (...)
@@ -210,7 +210,7 @@ def check_result_keys(exp: Experiment, config: AlgorithmConfig) -> None:
         ... )
         >>> check_result_keys(exp, exp.algorithm_config())
         Traceback (most recent call last):
-        rllib_amp.experiment.schema.ExperimentError: ...: stop.episode_reward_mean: PPO never
+        rllib_amp.experiment.errors.ExperimentError: ...: stop.episode_reward_mean: PPO never
         reports 'episode_reward_mean', so this stop would never trigger (did you mean
         'env_runners/episode_return_mean'?); ...
     """

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from rllib_amp.experiment.schema import ExperimentError
+from rllib_amp.experiment.errors import ExperimentError
 
 # An experiment file is a few KB; anything far larger is the wrong file (or an attack).
 MAX_FILE_BYTES = 1 << 20

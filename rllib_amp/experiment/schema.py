@@ -1,4 +1,4 @@
-"""The experiment schema: one validator per top-level section, defaults, dotted keys.
+"""The experiment schema: one validator per top-level section, and the defaults.
 
 ``validate`` runs the ``SECTIONS`` table in order; each validator gets its section's raw value
 and the sections checked before it (``training`` needs the algorithm, ``model`` the env), and
@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ray._common.deprecation import DEPRECATED_VALUE
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -30,42 +27,22 @@ from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
 from rllib_amp.envs import configure as envs
 from rllib_amp.envs import models
+from rllib_amp.experiment.dotted import TOP_KEYS, is_integer_key, with_dotted
+from rllib_amp.experiment.errors import ExperimentError, err
+from rllib_amp.experiment.pbt import check_pbt_mutations
+from rllib_amp.experiment.rllib_keys import (
+    RESOURCES,
+    TRAINING_NUMBERS,
+    check_training_type,
+    training_keys,
+    training_types,
+    unsettable_training_keys,
+)
 from rllib_amp.experiment.sampler import Sampler
-from rllib_amp.settings import AmpSettings, WarmStart, check_pbt_mutations
-
-
-class ExperimentError(ValueError):
-    """Bad experiment input: the message names the file, the key, the value and the fix.
-
-    The message is one line whatever the input: a key or value with a newline or another
-    line-breaking character (``\x1e``, ``\u2028``) is shown escaped.
-    """
-
-    def __init__(self, message: object = "") -> None:
-        text = str(message)
-        super().__init__(
-            "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
-        )
-
+from rllib_amp.settings import AmpSettings, WarmStart
 
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
 SCHEDULERS = ("fifo", "asha", "pbt")
-# Upper bounds far above any real setup and far below what hangs: RLlib builds one
-# placement-group bundle per env runner up front (num_env_runners: 100000000 never returned),
-# and a batch is allocated whole.
-MAX_ENV_RUNNERS = 1024
-MAX_ENVS_PER_ENV_RUNNER = 4096
-MAX_BATCH = 10**7
-# resources key -> (builder method, allowed python types, minimum, maximum)
-RESOURCES: dict[str, tuple[str, tuple[type, ...], float, float | None]] = {
-    "num_env_runners": ("env_runners", (int,), 0, MAX_ENV_RUNNERS),
-    "num_envs_per_env_runner": ("env_runners", (int,), 1, MAX_ENVS_PER_ENV_RUNNER),
-    "num_cpus_per_env_runner": ("env_runners", (int, float), 0, None),
-    "num_gpus_per_env_runner": ("env_runners", (int, float), 0, None),
-    "num_learners": ("learners", (int,), 0, MAX_ENV_RUNNERS),
-    "num_cpus_per_learner": ("learners", (int, float), 0, None),
-    "num_gpus_per_learner": ("learners", (int, float), 0, None),
-}
 TUNE_DEFAULTS: dict[str, Any] = {
     "metric": "env_runners/episode_return_mean",
     "mode": "max",
@@ -93,15 +70,6 @@ PBT_EXAMPLE = (
     "{training.lr: {loguniform: [1.0e-4, 1.0e-3]}, amp.growth_interval: [10, 100, 2000]}}}"
 )
 CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
-# Numeric training keys checked here (RLlib checks the rest when the config is built).
-TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
-    "gamma": ((int, float), 0.0, 1.0),
-    "train_batch_size": ((int,), 1, MAX_BATCH),
-    "train_batch_size_per_learner": ((int,), 1, MAX_BATCH),
-    "minibatch_size": ((int,), 1, MAX_BATCH),
-    "num_epochs": ((int,), 1, None),
-    "grad_clip": ((int, float), 0.0, None),
-}
 # Seeds go to numpy's and torch's generators, which take 32-bit seeds.
 SEED_MAX = 2**32 - 1
 MODEL_KEYS = ("preset", "batchnorm", *(f.name for f in dataclasses.fields(DefaultModelConfig)))
@@ -129,15 +97,11 @@ def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
 
 
 # -- small checks ----------------------------------------------------------------------------
-def _err(path: str, key: str, msg: str) -> ExperimentError:
-    return ExperimentError(f"{path}: {key}: {msg}")
-
-
 def _mapping(path: str, key: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise _err(path, key, f"expected a mapping, got {type(value).__name__} {value!r}")
+        raise err(path, key, f"expected a mapping, got {type(value).__name__} {value!r}")
     return dict(value)
 
 
@@ -145,7 +109,7 @@ def _keys(path: str, section: str, d: Mapping[str, Any], allowed: Iterable[str])
     allowed = tuple(allowed)
     for k in d:
         if k not in allowed:
-            raise _err(
+            raise err(
                 path,
                 f"{section}.{k}" if section else str(k),
                 f"unknown key{suggest(str(k), allowed)}; allowed: {', '.join(allowed)}",
@@ -158,11 +122,11 @@ def _number(
     ok_type = is_number(v) and (float in types or isinstance(v, int))
     if not ok_type or (isinstance(v, float) and not math.isfinite(v)):
         expected = "an integer" if types == (int,) else "a number"
-        raise _err(path, key, f"got {v!r}; expected {expected}")
+        raise err(path, key, f"got {v!r}; expected {expected}")
     if lo is not None and v < lo:
-        raise _err(path, key, f"got {v!r}; must be >= {lo}")
+        raise err(path, key, f"got {v!r}; must be >= {lo}")
     if hi is not None and v > hi:
-        raise _err(path, key, f"got {v!r}; must be <= {hi}")
+        raise err(path, key, f"got {v!r}; must be <= {hi}")
 
 
 LR_SCHEDULE_EXAMPLE = "lr: [[0, 2.5e-4], [3000000, 0.0]]"
@@ -176,7 +140,7 @@ def _lr(path: str, v: Any) -> None:
         return
     fix = f"give a number or RLlib's schedule form, e.g. {LR_SCHEDULE_EXAMPLE}"
     if not isinstance(v, list) or not v:
-        raise _err(path, "training.lr", f"got {v!r}; {fix}")
+        raise err(path, "training.lr", f"got {v!r}; {fix}")
     previous: Any = -1
     for pair in v:
         ok = isinstance(pair, list) and len(pair) == 2
@@ -186,195 +150,22 @@ def _lr(path: str, v: Any) -> None:
         ok = ok and isinstance(step, int) and not isinstance(step, bool) and step > previous
         ok = ok and is_number(lr) and math.isfinite(lr) and lr >= 0
         if not ok:
-            raise _err(path, "training.lr", f"got the pair {pair!r} in {v!r}; {fix}")
+            raise err(path, "training.lr", f"got the pair {pair!r} in {v!r}; {fix}")
         previous = step
     if v[0][0] != 0:
-        raise _err(path, "training.lr", f"got {v!r}: the schedule must start at step 0; {fix}")
-
-
-@functools.cache
-def _training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
-    """The keyword arguments of ``cls.training`` and its parents' (RLlib's own schema)."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        fn = vars(klass).get("training")
-        if fn is None:
-            continue
-        for p in inspect.signature(fn).parameters.values():
-            if p.name != "self" and p.kind is not p.VAR_KEYWORD and p.name not in names:
-                names.append(p.name)
-    return tuple(names)
-
-
-# Python types named by RLlib's type hints; a hint naming anything else is not checked here.
-_HINT_TYPES = {
-    "bool": "bool",
-    "int": "int",
-    "float": "float",
-    "str": "str",
-    "dict": "mapping",
-    "Dict": "mapping",
-    "list": "list",
-    "List": "list",
-    "tuple": "list",
-    "Tuple": "list",
-}
-_UNCHECKED_HINTS = re.compile(r"\b(Any|Callable|Type|ForwardRef|Space|Learner)\b|_empty")
-
-
-def _kinds_of(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, Mapping):
-        return "mapping"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    return type(value).__name__
-
-
-@functools.cache
-def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
-    """``training`` key -> the kinds of value RLlib takes for it (e.g. {"int", "list"}).
-
-    Read from RLlib itself: the type hints of ``training`` in every class of ``cls``'s MRO
-    (they disagree: ``grad_clip`` is an int in one and a float in another, so all count) and
-    the type of the default value. Keys whose hints name callables or classes are left out.
-
-    Example:
-        >>> sorted(training_types(algorithm("DQN").config_class)["n_step"])
-        ['int', 'list']
-    """
-    defaults = cls()
-    kinds: dict[str, set[str]] = {}
-    unchecked: set[str] = set()
-    for klass in cls.__mro__:
-        fn = vars(klass).get("training")
-        if fn is None:
-            continue
-        for p in inspect.signature(fn).parameters.values():
-            if p.name == "self" or p.kind is p.VAR_KEYWORD:
-                continue
-            hint = str(p.annotation)
-            if _UNCHECKED_HINTS.search(hint):
-                unchecked.add(p.name)
-                continue
-            names = re.findall(r"[A-Za-z_]+", hint)
-            kinds.setdefault(p.name, set()).update(
-                _HINT_TYPES[n] for n in names if n in _HINT_TYPES
-            )
-    out: dict[str, frozenset[str]] = {}
-    for key, found in kinds.items():
-        default = getattr(defaults, key, None)
-        if key in unchecked or default is DEPRECATED_VALUE:
-            continue
-        if default is not None and not callable(default):
-            found.add(_kinds_of(default))
-        if "float" in found:
-            # An int is a fine float; and RLlib takes a schedule ([[timestep, value], ...])
-            # for coefficients whose hint says float only (PPO's entropy_coeff).
-            found.update(("int", "list"))
-        if found:
-            out[key] = frozenset(found)
-    return out
-
-
-@functools.cache
-def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
-    """``training`` keys a YAML file must not set -> why: deprecated, or Python objects only.
-
-    RLlib ignores some deprecated keys with a log line (PPO's ``vf_share_layers`` now lives in
-    the model config): a file setting one would silently not get what it asks for.
-
-    Example:
-        >>> unsettable_training_keys(algorithm("PPO").config_class)["vf_share_layers"]
-        'deprecated in RLlib (ignored or refused there); remove it'
-    """
-    out: dict[str, str] = {}
-    for klass in cls.__mro__:
-        fn = vars(klass).get("training")
-        if fn is None:
-            continue
-        for p in inspect.signature(fn).parameters.values():
-            default = p.default
-            if type(default) is int and default == DEPRECATED_VALUE:
-                out.setdefault(p.name, "deprecated in RLlib (ignored or refused there); remove it")
-            elif re.search(r"\b(Callable|Type)\b", str(p.annotation)):
-                out.setdefault(
-                    p.name,
-                    "takes a Python class or function, which a YAML file cannot give; set it "
-                    "through the Python API (rllib_amp.with_amp on your AlgorithmConfig)",
-                )
-    return out
-
-
-def _allowed_words(kinds: frozenset[str]) -> str:
-    words = []
-    if "float" in kinds:
-        words.append("a number")
-        if "list" in kinds:
-            words.append("a [[timestep, value], ...] schedule")
-    elif "int" in kinds:
-        words.append("an integer")
-    for kind, word in (("bool", "true or false"), ("str", "a string"), ("mapping", "a mapping")):
-        if kind in kinds:
-            words.append(word)
-    if "list" in kinds and "float" not in kinds:
-        words.append("a list")
-    return " or ".join(words)
-
-
-def _check_training_type(path: str, key: str, value: Any, kinds: frozenset[str]) -> None:
-    if value is None:
-        return  # RLlib's hints are all Optional
-    kind = _kinds_of(value)
-    if kind not in kinds:
-        fix = f"; write {int(value)}" if kind == "float" and float(value).is_integer() else ""
-        raise _err(
-            path, f"training.{key}", f"got {value!r}; RLlib expects {_allowed_words(kinds)}{fix}"
-        )
-    if kind == "float" and math.isnan(value):
-        raise _err(path, f"training.{key}", f"got {value!r}; expected a number, not NaN")
-
-
-def is_integer_key(exp: Mapping[str, Any], dotted: str) -> bool:
-    """True when the experiment key ``dotted`` (e.g. ``training.num_epochs``) takes integers only.
-
-    Example:
-        >>> is_integer_key({"algorithm": "PPO"}, "training.minibatch_size")
-        True
-    """
-    top, _, rest = dotted.partition(".")
-    if top == "seed":
-        return True
-    if top == "resources":
-        return rest in RESOURCES and RESOURCES[rest][1] == (int,)
-    if top == "amp":
-        default = next((f.default for f in dataclasses.fields(AmpSettings) if f.name == rest), 0.0)
-        return isinstance(default, int) and not isinstance(default, bool)
-    if top == "training":
-        if rest in TRAINING_NUMBERS:
-            return TRAINING_NUMBERS[rest][0] == (int,)
-        kinds = training_types(algorithm(exp["algorithm"]).config_class).get(rest, frozenset())
-        return "int" in kinds and "float" not in kinds
-    return False
+        raise err(path, "training.lr", f"got {v!r}: the schedule must start at step 0; {fix}")
 
 
 # -- one validator per section: (raw value, sections checked so far, path) -> normalised ------
 def _required_name(section: str, value: Any, path: str) -> None:
     if value in (None, ""):
-        raise _err(path, section, f"missing; add e.g. '{section}: {EXAMPLES[section]}'")
+        raise err(path, section, f"missing; add e.g. '{section}: {EXAMPLES[section]}'")
 
 
 def _algorithm(value: Any, exp: Mapping[str, Any], path: str) -> str:
     _required_name("algorithm", value, path)
     if not isinstance(value, str):
-        raise _err(path, "algorithm", f"got {value!r}; allowed: {', '.join(ALGORITHMS)}")
+        raise err(path, "algorithm", f"got {value!r}; allowed: {', '.join(ALGORITHMS)}")
     try:
         return algorithm(value).name
     except ValueError as e:
@@ -384,7 +175,7 @@ def _algorithm(value: Any, exp: Mapping[str, Any], path: str) -> str:
 def _env(value: Any, exp: Mapping[str, Any], path: str) -> str:
     _required_name("env", value, path)
     if not isinstance(value, str):
-        raise _err(path, "env", f"got {value!r}; expected a gymnasium id such as 'CartPole-v1'")
+        raise err(path, "env", f"got {value!r}; expected a gymnasium id such as 'CartPole-v1'")
     try:
         envs.check_env_id(value)
     except ValueError as e:
@@ -401,16 +192,16 @@ def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     model = _mapping(path, "model", {"preset": value} if isinstance(value, str) else value)
     _keys(path, "model", model, MODEL_KEYS)
     if "preset" in model and model["preset"] not in models.PRESETS:
-        raise _err(
+        raise err(
             path,
             "model.preset",
             f"unknown preset {model['preset']!r}{suggest(str(model['preset']), models.PRESETS)}; "
             f"allowed: {', '.join(models.PRESETS)}",
         )
     if "batchnorm" in model and not isinstance(model["batchnorm"], bool):
-        raise _err(path, "model.batchnorm", f"got {model['batchnorm']!r}; expected true or false")
+        raise err(path, "model.batchnorm", f"got {model['batchnorm']!r}; expected true or false")
     if model.get("batchnorm") and not envs.is_atari(exp["env"]) and "conv_filters" not in model:
-        raise _err(
+        raise err(
             path,
             "model.batchnorm",
             "BatchNorm goes after conv layers, and this env has vector input; drop it or "
@@ -445,7 +236,7 @@ def _check_warm_start(checkpoint: str, modules: tuple[tuple[str, str], ...] | No
 def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     training = _mapping(path, "training", value)
     cls = algorithm(exp["algorithm"]).config_class
-    _keys(path, "training", training, _training_keys(cls))
+    _keys(path, "training", training, training_keys(cls))
     if training.get("lr") is not None:
         _lr(path, training["lr"])
     for k, (types, lo, hi) in TRAINING_NUMBERS.items():
@@ -455,9 +246,9 @@ def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     unsettable = unsettable_training_keys(cls)
     for k, v in training.items():
         if k in unsettable:
-            raise _err(path, f"training.{k}", unsettable[k])
+            raise err(path, f"training.{k}", unsettable[k])
         if k in kinds:
-            _check_training_type(path, k, v, kinds[k])
+            check_training_type(path, k, v, kinds[k])
     return training
 
 
@@ -474,11 +265,11 @@ def _tune(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     _keys(path, "tune", given, TUNE_DEFAULTS)
     t = {**TUNE_DEFAULTS, **given}
     if not isinstance(t["metric"], str) or not t["metric"]:
-        raise _err(path, "tune.metric", f"got {t['metric']!r}; expected a result key")
+        raise err(path, "tune.metric", f"got {t['metric']!r}; expected a result key")
     if t["mode"] not in ("max", "min"):
-        raise _err(path, "tune.mode", f"got {t['mode']!r}; allowed: max, min")
+        raise err(path, "tune.mode", f"got {t['mode']!r}; allowed: max, min")
     if t["scheduler"] not in SCHEDULERS:
-        raise _err(
+        raise err(
             path,
             "tune.scheduler",
             f"got {t['scheduler']!r}{suggest(str(t['scheduler']), SCHEDULERS)}; "
@@ -491,7 +282,7 @@ def _tune(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     if t["scheduler"] == "pbt":
         t["pbt"] = _pbt(t["pbt"], exp, path)
     elif t["pbt"] is not None:
-        raise _err(
+        raise err(
             path,
             "tune.pbt",
             f"set, but tune.scheduler is {t['scheduler']!r}; add 'scheduler: pbt' or drop pbt",
@@ -503,23 +294,23 @@ def _pbt(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     """tune.pbt, normalised: every mutation a one-key sampler mapping ({choice: [...]} for a
     list); its values checked by their section's validator, like search entries."""
     if value is None:
-        raise _err(path, "tune.pbt", f"missing for scheduler pbt; add e.g. {PBT_EXAMPLE}")
+        raise err(path, "tune.pbt", f"missing for scheduler pbt; add e.g. {PBT_EXAMPLE}")
     given = _mapping(path, "tune.pbt", value)
     _keys(path, "tune.pbt", given, PBT_DEFAULTS)
     pbt = {**PBT_DEFAULTS, **given}
     for key in ("perturbation_interval", "hyperparam_mutations"):
         if pbt[key] is None:
-            raise _err(path, f"tune.pbt.{key}", f"missing; add e.g. {PBT_EXAMPLE}")
+            raise err(path, f"tune.pbt.{key}", f"missing; add e.g. {PBT_EXAMPLE}")
     _number(path, "tune.pbt.perturbation_interval", pbt["perturbation_interval"], (int,), 1)
     _number(path, "tune.pbt.quantile_fraction", pbt["quantile_fraction"], (int, float), 0, 0.5)
     _number(path, "tune.pbt.resample_probability", pbt["resample_probability"], (int, float), 0, 1)
     _number(path, "tune.pbt.burn_in_period", pbt["burn_in_period"], (int,), 0)
     if not isinstance(pbt["synch"], bool):
-        raise _err(path, "tune.pbt.synch", f"got {pbt['synch']!r}; expected true or false")
+        raise err(path, "tune.pbt.synch", f"got {pbt['synch']!r}; expected true or false")
     where = "tune.pbt.hyperparam_mutations"
     mutations = _mapping(path, where, pbt["hyperparam_mutations"])
     if not mutations:
-        raise _err(path, where, f"empty; name at least one key to mutate, e.g. {PBT_EXAMPLE}")
+        raise err(path, where, f"empty; name at least one key to mutate, e.g. {PBT_EXAMPLE}")
     try:
         check_pbt_mutations(mutations)
     except ValueError as e:
@@ -529,7 +320,7 @@ def _pbt(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
         key = str(key)
         top, *rest = key.split(".")
         if top not in MUTABLE or len(rest) != 1 or not rest[0]:
-            raise _err(
+            raise err(
                 path,
                 f"{where}.{key}",
                 f"PBT mutates one key of {' or '.join(MUTABLE)}{suggest(top, MUTABLE)}, "
@@ -540,9 +331,9 @@ def _pbt(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
         try:
             sampler = Sampler.parse(spec)
         except ValueError as e:
-            raise _err(path, f"{where}.{key}", f"{e}; or give a list of values") from None
+            raise err(path, f"{where}.{key}", f"{e}; or give a list of values") from None
         if sampler.kind == "grid":
-            raise _err(
+            raise err(
                 path,
                 f"{where}.{key}",
                 "grid multiplies trials and PBT does not; give a list of values (PBT moves "
@@ -557,7 +348,7 @@ def _pbt(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
 def _stop(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     stop = _mapping(path, "stop", value)
     if not stop:
-        raise _err(path, "stop", "missing or empty; add e.g. 'stop: {training_iteration: 10}'")
+        raise err(path, "stop", "missing or empty; add e.g. 'stop: {training_iteration: 10}'")
     for k, v in stop.items():
         _number(path, f"stop.{k}", v, (int, float), None)
     return stop
@@ -571,7 +362,7 @@ def _checkpoint(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]
     if ckpt["num_to_keep"] is not None:
         _number(path, "checkpoint.num_to_keep", ckpt["num_to_keep"], (int,), 1)
     if not isinstance(ckpt["at_end"], bool):
-        raise _err(path, "checkpoint.at_end", f"got {ckpt['at_end']!r}; expected true or false")
+        raise err(path, "checkpoint.at_end", f"got {ckpt['at_end']!r}; expected true or false")
     return ckpt
 
 
@@ -583,7 +374,7 @@ def _seed(value: Any, exp: Mapping[str, Any], path: str) -> int | None:
 
 def _storage_path(value: Any, exp: Mapping[str, Any], path: str) -> str | None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise _err(
+        raise err(
             path,
             "storage_path",
             f"got {value!r}; expected a local path, a shared mount or a URI such as "
@@ -600,7 +391,7 @@ def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]
         where = f"search.{key}"
         top, *rest = key.split(".")
         if top not in SEARCHABLE:
-            raise _err(
+            raise err(
                 path,
                 where,
                 f"'{top}' cannot be searched{suggest(top, SEARCHABLE)}; "
@@ -608,13 +399,13 @@ def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]
             )
         if (not rest) != (top == "seed") or not all(rest):
             example = "seed" if top == "seed" else f"{top}.<key>"
-            raise _err(path, where, f"name one key of '{top}', e.g. search.{example}")
+            raise err(path, where, f"name one key of '{top}', e.g. search.{example}")
         if key in NOT_SEARCHABLE:
-            raise _err(path, where, f"cannot be searched: {NOT_SEARCHABLE[key]}")
+            raise err(path, where, f"cannot be searched: {NOT_SEARCHABLE[key]}")
         try:
             sampler = Sampler.parse(spec)
         except ValueError as e:
-            raise _err(path, where, str(e)) from None
+            raise err(path, where, str(e)) from None
         _check_values(exp, key, sampler, where, path)
         out[key] = sampler
     return out
@@ -627,7 +418,7 @@ def _check_values(
     top, *rest = key.split(".")
     if sampler.kind in ("uniform", "loguniform") and is_integer_key(exp, key):
         lo, hi = sampler.values
-        raise _err(
+        raise err(
             path,
             where,
             f"{sampler.kind} draws floats and '{key}' takes an integer; use "
@@ -658,7 +449,6 @@ SECTIONS: dict[str, Callable[[Any, Mapping[str, Any], str], Any]] = {
     "storage_path": _storage_path,
     "search": _search,
 }
-TOP_KEYS = tuple(SECTIONS)
 
 
 def _batch_bounds(exp: Mapping[str, Any], key: str, default: int | None) -> tuple[Any, Any]:
@@ -686,7 +476,7 @@ def _check_batch_sizes(exp: Mapping[str, Any], path: str) -> None:
     )
     _, mb_hi = _batch_bounds(exp, "minibatch_size", defaults.minibatch_size)
     if is_number(batch_lo) and is_number(mb_hi) and mb_hi > batch_lo:
-        raise _err(
+        raise err(
             path,
             "training.minibatch_size",
             f"{mb_hi} is larger than the smallest train batch "
@@ -732,58 +522,10 @@ def _check_pbt(exp: Mapping[str, Any], path: str) -> None:
     interval = pbt["perturbation_interval"]
     frequency = exp["checkpoint"]["frequency"]
     if not 1 <= frequency <= interval:
-        raise _err(
+        raise err(
             path,
             "checkpoint.frequency",
             f"got {frequency}; PBT copies a donor's latest checkpoint every "
             f"perturbation_interval ({interval}) iterations, so checkpoint at least that "
             f"often: set checkpoint.frequency to 1..{interval}",
         )
-
-
-# -- dotted keys ------------------------------------------------------------------------------
-def with_dotted(
-    data: Mapping[str, Any], parts: Sequence[str], value: Any, key: str, path: str
-) -> dict[str, Any]:
-    """A copy of ``data`` with ``data[p0][p1]...`` set to ``value``; copies only that path.
-
-    Example:
-        >>> with_dotted({"amp": {"dtype": "float16"}}, ["amp", "init_scale"], 8.0, "k", "<p>")
-        {'amp': {'dtype': 'float16', 'init_scale': 8.0}}
-    """
-    out = dict(data)
-    head, *rest = parts
-    if not rest:
-        out[head] = value
-        return out
-    child = out.get(head)
-    if child is None:
-        child = {}
-    if not isinstance(child, Mapping):
-        raise _err(path, key, f"'{head}' holds {child!r}, not a mapping; set '{head}' itself")
-    out[head] = with_dotted(child, rest, value, key, path)
-    return out
-
-
-def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> dict[str, Any]:
-    """``data`` with a ``--set`` style override; ``search.<dotted key>`` sets one search entry.
-
-    The caller validates the result.
-
-    Example:
-        >>> with_override({"seed": 0}, "search.amp.init_scale", {"grid": [1, 2]}, "<p>")
-        {'seed': 0, 'search': {'amp.init_scale': {'grid': [1, 2]}}}
-    """
-    parts = str(key).split(".")
-    top = parts[0]
-    if top not in TOP_KEYS or not all(parts):
-        raise ExperimentError(
-            f"{path}: {key}: unknown key '{top}'{suggest(top, TOP_KEYS)}; dotted keys start "
-            f"with one of: {', '.join(TOP_KEYS)}"
-        )
-    if top == "search" and len(parts) > 1:
-        # Search entries are themselves dotted keys: everything after "search." is one key.
-        parts = [top, ".".join(parts[1:])]
-    if top == "model" and isinstance(data.get("model"), str):
-        data = {**data, "model": {"preset": data["model"]}}
-    return with_dotted(data, parts, value, key, path)

@@ -61,7 +61,8 @@ def test_the_pong_experiment_file_passes_the_schema():
     ],
 )
 def test_a_bad_lr_schedule_names_the_key_and_the_form(lr, fragment):
-    from rllib_amp.experiment.schema import ExperimentError, validate
+    from rllib_amp.experiment.errors import ExperimentError
+    from rllib_amp.experiment.schema import validate
 
     raw = {"algorithm": "PPO", "env": "CartPole-v1", "training": {"lr": lr}}
     with pytest.raises(ExperimentError, match="training.lr") as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rllib_amp import experiment as E
+from rllib_amp.experiment.pbt import check_pbt_mutations
 from rllib_amp.sweep import schedulers
 from rllib_amp.sweep.summary import config_path
 
@@ -100,3 +101,43 @@ def test_bad_pbt_input_names_the_key_and_the_fix(raw, fragment):
 def test_the_shipped_pbt_file_is_valid():
     exp = E.load("tune_configs/cartpole_ppo_pbt.yaml")
     assert exp.tune["scheduler"] == "pbt"
+
+
+# -- the AMP keys PBT may not mutate (experiment.pbt) ---------------------------------------------
+def test_pbt_may_mutate_the_scaler_factors_and_interval():
+    check_pbt_mutations(
+        {
+            "amp.growth_interval": [100, 2000],
+            "amp": {"growth_factor": [2.0, 4.0], "backoff_factor": [0.5]},
+            "training.lr": [1e-4, 3e-4],
+        },
+        searched=["amp.growth_interval", "training.train_batch_size_per_learner"],
+    )
+
+
+@pytest.mark.parametrize(
+    "mutations, searched, where",
+    [
+        ({"amp.init_scale": [1024.0, 65536.0]}, (), "hyperparam_mutations.amp.init_scale"),
+        ({"amp": {"init_scale": [1024.0]}}, (), "hyperparam_mutations.amp.init_scale"),
+        (
+            {"learner_config_dict": {"rllib_amp": {"init_scale": [2.0]}}},
+            (),
+            "hyperparam_mutations.learner_config_dict.rllib_amp.init_scale",
+        ),
+        ({"init_scale": [2.0]}, (), "hyperparam_mutations.init_scale"),
+        ({}, ["amp.init_scale"], "search.amp.init_scale"),
+        ({"amp.warm_start": [{"from": "/a"}]}, (), "hyperparam_mutations.amp.warm_start"),
+    ],
+)
+def test_pbt_refuses_init_scale_and_warm_start_naming_key_and_fix(mutations, searched, where):
+    with pytest.raises(ValueError) as e:
+        check_pbt_mutations(mutations, searched=searched)
+    msg = str(e.value)
+    assert msg.startswith(f"{where}: cannot change under PBT"), msg
+    fix = "growth_interval" if "init_scale" in where else "outside search and hyperparam_mutations"
+    assert fix in msg, msg
+
+
+def test_pbt_check_ignores_keys_of_other_sections_that_share_a_name():
+    check_pbt_mutations({"env_config.init_scale": [1, 2], "model": {"warm_start": [True]}})

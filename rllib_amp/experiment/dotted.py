@@ -1,0 +1,110 @@
+"""Dotted keys: one key of an experiment written flat, e.g. ``training.lr``, ``amp.init_scale``.
+
+Command-line overrides (``--set``), search entries and PBT mutations name keys this way.
+``with_dotted`` sets one, ``with_override`` applies a ``--set`` override, and
+``is_integer_key`` says whether a key takes integers only.
+
+Example:
+    >>> with_override({"seed": 0}, "training.lr", 1e-4, "exp.yaml")
+    {'seed': 0, 'training': {'lr': 0.0001}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rllib_amp.algorithms import algorithm
+from rllib_amp.checks import suggest
+from rllib_amp.experiment.errors import ExperimentError, err
+from rllib_amp.experiment.rllib_keys import RESOURCES, TRAINING_NUMBERS, training_types
+from rllib_amp.settings import AmpSettings
+
+# The top-level sections of an experiment, in the order ``schema.validate`` checks them (its
+# SECTIONS table has one validator for each).
+TOP_KEYS: tuple[str, ...] = (
+    "algorithm",
+    "env",
+    "env_config",
+    "model",
+    "amp",
+    "training",
+    "resources",
+    "tune",
+    "stop",
+    "checkpoint",
+    "seed",
+    "storage_path",
+    "search",
+)
+
+
+def is_integer_key(exp: Mapping[str, Any], dotted: str) -> bool:
+    """True when the experiment key ``dotted`` (e.g. ``training.num_epochs``) takes integers only.
+
+    Example:
+        >>> is_integer_key({"algorithm": "PPO"}, "training.minibatch_size")
+        True
+    """
+    top, _, rest = dotted.partition(".")
+    if top == "seed":
+        return True
+    if top == "resources":
+        return rest in RESOURCES and RESOURCES[rest][1] == (int,)
+    if top == "amp":
+        default = next((f.default for f in dataclasses.fields(AmpSettings) if f.name == rest), 0.0)
+        return isinstance(default, int) and not isinstance(default, bool)
+    if top == "training":
+        if rest in TRAINING_NUMBERS:
+            return TRAINING_NUMBERS[rest][0] == (int,)
+        kinds = training_types(algorithm(exp["algorithm"]).config_class).get(rest, frozenset())
+        return "int" in kinds and "float" not in kinds
+    return False
+
+
+def with_dotted(
+    data: Mapping[str, Any], parts: Sequence[str], value: Any, key: str, path: str
+) -> dict[str, Any]:
+    """A copy of ``data`` with ``data[p0][p1]...`` set to ``value``; copies only that path.
+
+    Example:
+        >>> with_dotted({"amp": {"dtype": "float16"}}, ["amp", "init_scale"], 8.0, "k", "<p>")
+        {'amp': {'dtype': 'float16', 'init_scale': 8.0}}
+    """
+    out = dict(data)
+    head, *rest = parts
+    if not rest:
+        out[head] = value
+        return out
+    child = out.get(head)
+    if child is None:
+        child = {}
+    if not isinstance(child, Mapping):
+        raise err(path, key, f"'{head}' holds {child!r}, not a mapping; set '{head}' itself")
+    out[head] = with_dotted(child, rest, value, key, path)
+    return out
+
+
+def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> dict[str, Any]:
+    """``data`` with a ``--set`` style override; ``search.<dotted key>`` sets one search entry.
+
+    The caller validates the result.
+
+    Example:
+        >>> with_override({"seed": 0}, "search.amp.init_scale", {"grid": [1, 2]}, "<p>")
+        {'seed': 0, 'search': {'amp.init_scale': {'grid': [1, 2]}}}
+    """
+    parts = str(key).split(".")
+    top = parts[0]
+    if top not in TOP_KEYS or not all(parts):
+        raise ExperimentError(
+            f"{path}: {key}: unknown key '{top}'{suggest(top, TOP_KEYS)}; dotted keys start "
+            f"with one of: {', '.join(TOP_KEYS)}"
+        )
+    if top == "search" and len(parts) > 1:
+        # Search entries are themselves dotted keys: everything after "search." is one key.
+        parts = [top, ".".join(parts[1:])]
+    if top == "model" and isinstance(data.get("model"), str):
+        data = {**data, "model": {"preset": data["model"]}}
+    return with_dotted(data, parts, value, key, path)

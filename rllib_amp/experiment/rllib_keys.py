@@ -1,0 +1,225 @@
+"""The RLlib keys an experiment sets, read from RLlib's own signatures.
+
+Which keyword arguments ``AlgorithmConfig.training`` takes (in every class of the config's
+MRO), of what kinds (from the type hints and defaults), which of them a YAML file cannot set,
+and the ``resources`` keys with the builder method each goes to. RLlib's signature is the
+schema for ``training``: a new RLlib release brings its new keys with it.
+
+Example:
+    >>> from rllib_amp.algorithms import algorithm
+    >>> "lambda_" in training_keys(algorithm("PPO").config_class)
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ray._common.deprecation import DEPRECATED_VALUE
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+from rllib_amp.experiment.errors import err
+
+# Upper bounds far above any real setup and far below what hangs: RLlib builds one
+# placement-group bundle per env runner up front (num_env_runners: 100000000 never returned),
+# and a batch is allocated whole.
+MAX_ENV_RUNNERS = 1024
+MAX_ENVS_PER_ENV_RUNNER = 4096
+MAX_BATCH = 10**7
+# resources key -> (builder method, allowed python types, minimum, maximum)
+RESOURCES: dict[str, tuple[str, tuple[type, ...], float, float | None]] = {
+    "num_env_runners": ("env_runners", (int,), 0, MAX_ENV_RUNNERS),
+    "num_envs_per_env_runner": ("env_runners", (int,), 1, MAX_ENVS_PER_ENV_RUNNER),
+    "num_cpus_per_env_runner": ("env_runners", (int, float), 0, None),
+    "num_gpus_per_env_runner": ("env_runners", (int, float), 0, None),
+    "num_learners": ("learners", (int,), 0, MAX_ENV_RUNNERS),
+    "num_cpus_per_learner": ("learners", (int, float), 0, None),
+    "num_gpus_per_learner": ("learners", (int, float), 0, None),
+}
+# Numeric training keys whose bounds are checked here (RLlib checks the rest when the config
+# is built): key -> (allowed python types, minimum, maximum).
+TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
+    "gamma": ((int, float), 0.0, 1.0),
+    "train_batch_size": ((int,), 1, MAX_BATCH),
+    "train_batch_size_per_learner": ((int,), 1, MAX_BATCH),
+    "minibatch_size": ((int,), 1, MAX_BATCH),
+    "num_epochs": ((int,), 1, None),
+    "grad_clip": ((int, float), 0.0, None),
+}
+
+
+@functools.cache
+def training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
+    """The keyword arguments of ``cls.training`` and its parents' (RLlib's own schema)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        fn = vars(klass).get("training")
+        if fn is None:
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            if p.name != "self" and p.kind is not p.VAR_KEYWORD and p.name not in names:
+                names.append(p.name)
+    return tuple(names)
+
+
+# Python types named by RLlib's type hints; a hint naming anything else is not checked here.
+_HINT_TYPES = {
+    "bool": "bool",
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "dict": "mapping",
+    "Dict": "mapping",
+    "list": "list",
+    "List": "list",
+    "tuple": "list",
+    "Tuple": "list",
+}
+_UNCHECKED_HINTS = re.compile(r"\b(Any|Callable|Type|ForwardRef|Space|Learner)\b|_empty")
+
+
+def kinds_of(value: Any) -> str:
+    """The kind of a YAML value, in the words of ``training_types``.
+
+    Example:
+        >>> kinds_of(True), kinds_of(3), kinds_of([[0, 1e-3]]), kinds_of({"a": 1})
+        ('bool', 'int', 'list', 'mapping')
+    """
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+@functools.cache
+def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
+    """``training`` key -> the kinds of value RLlib takes for it (e.g. {"int", "list"}).
+
+    Read from RLlib itself: the type hints of ``training`` in every class of ``cls``'s MRO
+    (they disagree: ``grad_clip`` is an int in one and a float in another, so all count) and
+    the type of the default value. Keys whose hints name callables or classes are left out.
+
+    Example:
+        >>> from rllib_amp.algorithms import algorithm
+        >>> sorted(training_types(algorithm("DQN").config_class)["n_step"])
+        ['int', 'list']
+    """
+    defaults = cls()
+    kinds: dict[str, set[str]] = {}
+    unchecked: set[str] = set()
+    for klass in cls.__mro__:
+        fn = vars(klass).get("training")
+        if fn is None:
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            if p.name == "self" or p.kind is p.VAR_KEYWORD:
+                continue
+            hint = str(p.annotation)
+            if _UNCHECKED_HINTS.search(hint):
+                unchecked.add(p.name)
+                continue
+            names = re.findall(r"[A-Za-z_]+", hint)
+            kinds.setdefault(p.name, set()).update(
+                _HINT_TYPES[n] for n in names if n in _HINT_TYPES
+            )
+    out: dict[str, frozenset[str]] = {}
+    for key, found in kinds.items():
+        default = getattr(defaults, key, None)
+        if key in unchecked or default is DEPRECATED_VALUE:
+            continue
+        if default is not None and not callable(default):
+            found.add(kinds_of(default))
+        if "float" in found:
+            # An int is a fine float; and RLlib takes a schedule ([[timestep, value], ...])
+            # for coefficients whose hint says float only (PPO's entropy_coeff).
+            found.update(("int", "list"))
+        if found:
+            out[key] = frozenset(found)
+    return out
+
+
+@functools.cache
+def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
+    """``training`` keys a YAML file must not set -> why: deprecated, or Python objects only.
+
+    RLlib ignores some deprecated keys with a log line (PPO's ``vf_share_layers`` now lives in
+    the model config): a file setting one would silently not get what it asks for.
+
+    Example:
+        >>> from rllib_amp.algorithms import algorithm
+        >>> unsettable_training_keys(algorithm("PPO").config_class)["vf_share_layers"]
+        'deprecated in RLlib (ignored or refused there); remove it'
+    """
+    out: dict[str, str] = {}
+    for klass in cls.__mro__:
+        fn = vars(klass).get("training")
+        if fn is None:
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            default = p.default
+            if type(default) is int and default == DEPRECATED_VALUE:
+                out.setdefault(p.name, "deprecated in RLlib (ignored or refused there); remove it")
+            elif re.search(r"\b(Callable|Type)\b", str(p.annotation)):
+                out.setdefault(
+                    p.name,
+                    "takes a Python class or function, which a YAML file cannot give; set it "
+                    "through the Python API (rllib_amp.with_amp on your AlgorithmConfig)",
+                )
+    return out
+
+
+def allowed_words(kinds: frozenset[str]) -> str:
+    """What a key of these kinds takes, in words for an error message.
+
+    Example:
+        >>> allowed_words(frozenset({"int", "float", "list"}))
+        'a number or a [[timestep, value], ...] schedule'
+    """
+    words = []
+    if "float" in kinds:
+        words.append("a number")
+        if "list" in kinds:
+            words.append("a [[timestep, value], ...] schedule")
+    elif "int" in kinds:
+        words.append("an integer")
+    for kind, word in (("bool", "true or false"), ("str", "a string"), ("mapping", "a mapping")):
+        if kind in kinds:
+            words.append(word)
+    if "list" in kinds and "float" not in kinds:
+        words.append("a list")
+    return " or ".join(words)
+
+
+def check_training_type(path: str, key: str, value: Any, kinds: frozenset[str]) -> None:
+    """ExperimentError when ``training.key``'s value is of none of the kinds RLlib takes.
+
+    Example:
+        >>> check_training_type("exp.yaml", "n_step", 2.0, frozenset({"int", "list"}))
+        Traceback (most recent call last):
+        ...
+        rllib_amp.experiment.errors.ExperimentError: exp.yaml: training.n_step: got 2.0; ...
+    """
+    if value is None:
+        return  # RLlib's hints are all Optional
+    kind = kinds_of(value)
+    if kind not in kinds:
+        fix = f"; write {int(value)}" if kind == "float" and float(value).is_integer() else ""
+        raise err(
+            path, f"training.{key}", f"got {value!r}; RLlib expects {allowed_words(kinds)}{fix}"
+        )
+    if kind == "float" and math.isnan(value):
+        raise err(path, f"training.{key}", f"got {value!r}; expected a number, not NaN")
