@@ -158,13 +158,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if address is not None:
         probe_address(address, where)
     S.check_writable(storage)
-    new = name is None
-    name = name or R.new_run_name(exp.name, storage)
-    try:
-        exp, grid, interrupted = _tune(exp, args, storage, name, spec, address, where)
-    finally:
-        if new:
-            R.release(storage, name)  # only if empty: a run that failed before Tune wrote
+    exp, name, grid, interrupted = _tune(exp, args, storage, name, spec, address, where)
     return _report(exp, args, grid, storage, name, interrupted)
 
 
@@ -203,20 +197,21 @@ def _tune(
     exp: Any,
     args: argparse.Namespace,
     storage: str,
-    name: str,
+    name: str | None,
     spec: dict[str, Any],
     address: str | None,
     where: str,
-) -> tuple[Any, Any, bool]:
-    """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, result
-    grid, whether Ctrl-C ended it)``. Everything that fails before the first trial is exit 2."""
+) -> tuple[Any, str, Any, bool]:
+    """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
+    result grid, whether Ctrl-C ended it)``. A new run (``name`` None) takes its name once
+    every check has passed, so a refused start leaves no folder. Everything that fails before
+    the first trial is exit 2."""
     import ray
 
     from rllib_amp.sweep import grafana
     from rllib_amp.sweep import resources as RS
     from rllib_amp.sweep import tuner as T
 
-    exp_dir = S.join(storage, name)
     # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
     # starts is sized before it starts, so a trial that can never fit fails within seconds
     # (Ray's own start takes longer than that on a busy machine).
@@ -238,28 +233,45 @@ def _tune(
         dashboard = grafana.install_dashboard()
         if dashboard:
             print(f"AMP Grafana dashboard: {dashboard}")
-        if args.resume:
-            R.fall_back_to_intact_checkpoints(exp_dir)
+        new = name is None
+        name = name or R.new_run_name(exp.name, storage)
         try:
-            tuner = T.build_tuner(exp, args, storage, name, restore=args.resume)
-        except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
-            if args.resume:
-                raise UsageError(
-                    f"--resume: restoring the experiment at {exp_dir} failed "
-                    f"({root_error(e)}); if its files are damaged, start anew with another "
-                    f"--name"
-                ) from None
-            raise UsageError(
-                f"--config: setting up Tune failed ({root_error(e)}); fix the value it names "
-                f"in the file or the --set values"
-            ) from None
-        if not args.resume:
-            S.write_bytes(S.join(exp_dir, R.EXPERIMENT_FILE), R.dump(spec))
+            tuner = _build_tuner(exp, args, storage, name, spec)
+        except BaseException:
+            if new:
+                R.release(storage, name)  # only if empty: Tune wrote nothing there yet
+            raise
         grid, interrupted = T.fit(tuner)
     finally:
         if started:
             ray.shutdown()
-    return exp, grid, interrupted
+    return exp, name, grid, interrupted
+
+
+def _build_tuner(
+    exp: Any, args: argparse.Namespace, storage: str, name: str, spec: dict[str, Any]
+) -> Any:
+    from rllib_amp.sweep import tuner as T
+
+    exp_dir = S.join(storage, name)
+    if args.resume:
+        R.fall_back_to_intact_checkpoints(exp_dir)
+    try:
+        tuner = T.build_tuner(exp, args, storage, name, restore=args.resume)
+    except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
+        if args.resume:
+            raise UsageError(
+                f"--resume: restoring the experiment at {exp_dir} failed "
+                f"({root_error(e)}); if its files are damaged, start anew with another "
+                f"--name"
+            ) from None
+        raise UsageError(
+            f"--config: setting up Tune failed ({root_error(e)}); fix the value it names "
+            f"in the file or the --set values"
+        ) from None
+    if not args.resume:
+        S.write_bytes(S.join(exp_dir, R.EXPERIMENT_FILE), R.dump(spec))
+    return tuner
 
 
 def _report(
