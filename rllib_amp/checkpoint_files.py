@@ -1,5 +1,8 @@
 """Checkpoint files: a manifest of checksums at save time, every file read before a restore.
 
+In the base layer: restores (``checkpoints/``) and warm starts (``scaling/``) read a
+checkpoint through the same checks.
+
 RLlib restores an Algorithm component by component (learner group, then env runner, then the
 algorithm's own state), so a damaged file found half-way leaves half a state behind. Here the
 whole checkpoint is read first, and a restore goes ahead only when every file:

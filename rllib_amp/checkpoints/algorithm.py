@@ -25,7 +25,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_amp.checkpoints.verify import verify_checkpoint, write_manifest
+from rllib_amp.checkpoint_files import verify_checkpoint, write_manifest
 from rllib_amp.fs import resolve
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.

@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow.fs
 
-from rllib_amp.checkpoints.verify import CheckpointError, verify_checkpoint
+from rllib_amp.checkpoint_files import CheckpointError, verify_checkpoint
 from rllib_amp.fs import checkpoint_folders, display_path, is_dir, read_bytes, resolve
 from rllib_amp.log_events import event
 

@@ -41,7 +41,7 @@ from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_amp.checkpoints.verify import verify_checkpoint
+from rllib_amp.checkpoint_files import verify_checkpoint
 from rllib_amp.learner.fused_adam import fuse_adam, set_adam_fusing
 from rllib_amp.learner.malloc import tune_cpu_malloc
 from rllib_amp.learner.minibatch import gather_minibatches

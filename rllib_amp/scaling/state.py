@@ -18,14 +18,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-# Restores are checked file by file in checkpoint_files; the error is importable from here too.
-from rllib_amp.checkpoints.verify import CheckpointError
 from rllib_amp.log_events import event
 from rllib_amp.scaling.scaler import PolicyScaler, saved_scale, seed_scalers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AMP_STATE_KEY", "CheckpointError", "restore_scaler_state", "scaler_state"]
+__all__ = ["AMP_STATE_KEY", "restore_scaler_state", "scaler_state"]
 
 # The key of the scalers' state inside Learner.get_state().
 AMP_STATE_KEY = "amp_scalers"

@@ -30,7 +30,7 @@ import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rllib_amp.checkpoints.verify import CheckpointError, verify_checkpoint
+from rllib_amp.checkpoint_files import CheckpointError, verify_checkpoint
 from rllib_amp.fs import (
     checkpoint_folders,
     decode,

@@ -9,7 +9,7 @@ import os
 import pytest
 from ray.rllib.algorithms.algorithm import Algorithm
 
-from rllib_amp.checkpoints.verify import MANIFEST_FILE_NAME
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME
 from tests.integration.common import (
     amp_config,
     learner,

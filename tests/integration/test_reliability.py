@@ -15,8 +15,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
 from rllib_amp import with_amp
-from rllib_amp.checkpoints.verify import MANIFEST_FILE_NAME, write_manifest
-from rllib_amp.scaling.state import CheckpointError
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, write_manifest
 from tests.integration.common import (
     amp_config,
     learner,

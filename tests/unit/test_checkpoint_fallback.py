@@ -15,12 +15,12 @@ from ray.train._internal.checkpoint_manager import _CheckpointManager
 from ray.train._internal.session import _TrainingResult
 from ray.tune.trainable.metadata import _TrainingRunMetadata
 
+from rllib_amp.checkpoint_files import write_manifest
 from rllib_amp.checkpoints.fallback import (
     STATE_BACKUP_SUFFIX,
     newest_intact_checkpoint,
     resume_from_intact_checkpoints,
 )
-from rllib_amp.checkpoints.verify import write_manifest
 
 WEIGHTS = "learner_group/learner/rl_module/default_policy/module_state.pkl"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_amp.checkpoints.verify import (
+from rllib_amp.checkpoint_files import (
     MANIFEST_FILE_NAME,
     CheckpointError,
     verify_checkpoint,

@@ -171,7 +171,7 @@ def test_an_edited_scale_or_growth_tracker_is_refused_naming_file_and_value(tmp_
 
 
 def test_a_state_file_changed_after_the_save_is_refused_by_its_manifest(tmp_path):
-    from rllib_amp.checkpoints.verify import write_manifest
+    from rllib_amp.checkpoint_files import write_manifest
 
     ckpt = _checkpoint(tmp_path / "ckpt", {"p0": _scaler_state(256.0)})
     write_manifest(str(ckpt))
