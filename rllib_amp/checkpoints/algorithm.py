@@ -4,7 +4,7 @@ RLlib's ``Algorithm.restore_from_path`` loads the learner group first, then the 
 then the algorithm's own state, so a damaged file found on the way leaves the weights and
 scaler state already replaced. ``Algorithm.from_checkpoint`` and a Tune trial's restore both
 end in that method. ``AmpAlgorithmMixin`` wraps it: the whole checkpoint is read and checked
-(``checkpoints.verify.verify_checkpoint``) before RLlib loads anything. Every save writes a
+(``rllib_amp.checkpoint_files.verify_checkpoint``) before RLlib loads anything. Every save writes a
 manifest of checksums after RLlib's own files, so bytes changed later are caught too.
 
 The algorithm registry (``rllib_amp.algorithms.amp_algorithm_class``) puts the mixin in
