@@ -138,7 +138,7 @@ def _lr(path: str, v: Any) -> None:
     if is_number(v):
         _number(path, "training.lr", v, (int, float), 0.0)
         return
-    fix = f"give a number or RLlib's schedule form, e.g. {LR_SCHEDULE_EXAMPLE}"
+    fix = f"expected a number or RLlib's schedule form, e.g. {LR_SCHEDULE_EXAMPLE}"
     if not isinstance(v, list) or not v:
         raise err(path, "training.lr", f"got {v!r}; {fix}")
     previous: Any = -1

@@ -56,7 +56,7 @@ def test_the_pong_experiment_file_passes_the_schema():
         ([[100, 1e-3]], "must start at step 0"),
         ([[0, 1e-3], [0, 0.0]], "got the pair [0, 0.0]"),
         ([[0, -1.0]], "got the pair [0, -1.0]"),
-        ("fast", "give a number or RLlib's schedule form"),
+        ("fast", "expected a number or RLlib's schedule form"),
         (-1.0, "must be >= 0"),
     ],
 )
