@@ -155,6 +155,7 @@ class Group:
 
 
 def _finite(v: Any) -> float | None:
+    v = v.item() if hasattr(v, "item") else v  # a numpy scalar
     return float(v) if is_number(v) and math.isfinite(v) else None
 
 
@@ -201,7 +202,7 @@ def group(
                     counted.append(max(allowed))
             steps = interval(counted)
         fractions = [
-            t["skipped_steps"] / t["optimizer_steps"]
+            float(t["skipped_steps"]) / float(t["optimizer_steps"])
             for t in finished
             if _finite(t.get("skipped_steps")) is not None and _finite(t.get("optimizer_steps"))
         ]
@@ -333,6 +334,8 @@ def _short(key: str) -> str:
 
 def _plain(v: Any) -> str:
     """A searched value as a user would type it: 65536, 0.0003, 500."""
+    if v is None:
+        return "-"
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return str(int(v))
     return str(v)
@@ -346,7 +349,7 @@ def _fmt(v: Any) -> str:
     x = float(v)
     if not math.isfinite(x):
         return str(x)
-    if abs(x) >= 10_000:
+    if abs(x) >= 1000:
         return f"{x / 1000:,.1f}k".replace(".0k", "k")
     if x.is_integer():
         return f"{x:,.0f}"
@@ -372,7 +375,7 @@ def format_table(groups: Sequence[Group], metric: str) -> str:
             cells += [_interval_text(g.steps), f"{g.reached}/{len(g.trials)}"]
         frac = "-" if g.skip_fraction is None else f"{100 * g.skip_fraction:.1f}%"
         mark = "best" if g.rank == 1 else ("tied" if g.tied else "")
-        cells += [frac, _fmt(g.skipped_steps), _fmt(g.settled_scale), mark]
+        cells += [frac, _fmt(g.skipped_steps), _plain(g.settled_scale), mark]
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]

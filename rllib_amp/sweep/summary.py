@@ -69,9 +69,9 @@ def _dig(d: Any, path: Sequence[str]) -> Any:
 def _metric(result: dict[str, Any] | None, key: str) -> Any:
     if not result:
         return None
-    if key in result:
-        return result[key]
-    return _dig(result, key.split("/"))
+    value = result[key] if key in result else _dig(result, key.split("/"))
+    # RLlib reduces metrics with numpy: a numpy scalar is no int or float to is_number.
+    return value.item() if hasattr(value, "item") and not isinstance(value, Sequence) else value
 
 
 def amp_metric_key(name: str, module_id: str = MODULE_ID) -> str:

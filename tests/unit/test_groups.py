@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -55,8 +56,9 @@ def _result(trial, *, scale0, gi, seed, returns, scales, skips, optimizer_steps=
         "learners": {
             "default_policy": {
                 "amp_grad_scale": scales[-1],
-                "amp_skipped_steps_lifetime": skipped,
-                "amp_optimizer_steps_lifetime": optimizer_steps,
+                # RLlib reports numpy scalars.
+                "amp_skipped_steps_lifetime": np.int64(skipped),
+                "amp_optimizer_steps_lifetime": np.int64(optimizer_steps),
                 "amp_skip_fraction": skips[-1],
             }
         },
@@ -204,8 +206,8 @@ def test_the_issues_run_recommends_the_tied_setting_that_skips_nothing():
     # Not the 11%-skipping "winner": the tied setting that skips nothing, at its settled scale.
     assert rec.amp["growth_interval"] == 2000 and rec.amp["init_scale"] == 1024.0
     assert "tied with the best" in rec.reason and "skipped the fewest steps" in rec.reason
-    assert "4,000 [4,000, 4,000]" in rec.reason  # the chosen group's interval
-    assert "3,333 [" in rec.reason and "11.0% of updates" in rec.reason  # the best's numbers
+    assert "4k [4k, 4k]" in rec.reason  # the chosen group's interval
+    assert "3.3k [" in rec.reason and "11.0% of updates" in rec.reason  # the best's numbers
     assert not rec.reason.startswith("On a single run")
 
 
