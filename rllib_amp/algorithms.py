@@ -5,90 +5,48 @@ learner that replaces it, RLlib's default torch RLModule, that module taking uin
 observations (the native Atari path) and that one with BatchNorm. To support another
 algorithm, add its AMP learner class and one record here.
 
+The registry's names load without RLlib: a record's classes, and the module-level AMP
+classes (``AmpPPOTorchLearner``, ...), are made on first use, so an experiment file with a
+misspelt algorithm is refused before torch and RLlib are imported.
+
 Example:
     >>> ALGORITHMS["PPO"].amp_learner.__name__
     'AmpPPOTorchLearner'
+    >>> from ray.rllib.algorithms.dqn import DQNConfig
     >>> algorithm_for_config(DQNConfig()).name
     'DQN'
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray.rllib.algorithms import appo, ppo
-from ray.rllib.algorithms.algorithm import Algorithm as RLlibAlgorithm
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.algorithms.appo import APPO, APPOConfig
-from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
-from ray.rllib.algorithms.appo.torch.default_appo_torch_rl_module import DefaultAPPOTorchRLModule
-from ray.rllib.algorithms.dqn import DQN, DQNConfig, dqn_learner
-from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import DefaultDQNTorchRLModule
-from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
-from ray.rllib.algorithms.ppo import PPO, PPOConfig
-from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
-from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-from ray.rllib.core.learner import learner as rllib_learner
-from ray.rllib.core.learner.torch.torch_learner import TorchLearner
-from ray.rllib.utils import metrics as M
-
-from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
 from rllib_amp.checks import suggest
-from rllib_amp.envs.models import with_batchnorm, with_uint8_images
-from rllib_amp.learner.mixin import AmpLearnerMixin
 
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm as RLlibAlgorithm
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
-# The AMP learners and BatchNorm modules have module-level names so that Ray and RLlib's
-# checkpoints pickle them by reference.
-class AmpPPOTorchLearner(AmpLearnerMixin, PPOTorchLearner):
-    """PPO's torch learner with autocast and a checkpointed GradScaler per policy."""
-
-
-class AmpDQNTorchLearner(AmpLearnerMixin, DQNTorchLearner):
-    """DQN's torch learner (target network, double Q) with autocast and per-policy scalers."""
-
-
-class AmpAPPOTorchLearner(AmpLearnerMixin, APPOTorchLearner):
-    """APPO's torch learner with autocast and a checkpointed GradScaler per policy."""
-
-
-class AmpPPO(AmpAlgorithmMixin, PPO):
-    """RLlib's PPO with verified restores and checksummed checkpoints."""
-
-
-class AmpDQN(AmpAlgorithmMixin, DQN):
-    """RLlib's DQN with verified restores and checksummed checkpoints."""
-
-
-class AmpAPPO(AmpAlgorithmMixin, APPO):
-    """RLlib's APPO with verified restores and checksummed checkpoints."""
-
-
-Uint8DefaultPPOTorchRLModule = with_uint8_images(DefaultPPOTorchRLModule)
-Uint8DefaultDQNTorchRLModule = with_uint8_images(DefaultDQNTorchRLModule)
-Uint8DefaultAPPOTorchRLModule = with_uint8_images(DefaultAPPOTorchRLModule)
-# BatchNorm modules take uint8 and float observations alike; their names predate uint8
-# input and are kept, so existing checkpoints still find them.
-BatchNormDefaultPPOTorchRLModule = with_batchnorm(
-    Uint8DefaultPPOTorchRLModule, name="BatchNormDefaultPPOTorchRLModule"
+# The AMP learners, algorithms and RLModules have module-level names so that Ray and RLlib's
+# checkpoints pickle them by reference; pickle finds them through ``__getattr__``.
+_RLLIB_NAMES = (
+    "AmpPPOTorchLearner",
+    "AmpDQNTorchLearner",
+    "AmpAPPOTorchLearner",
+    "AmpPPO",
+    "AmpDQN",
+    "AmpAPPO",
+    "Uint8DefaultPPOTorchRLModule",
+    "Uint8DefaultDQNTorchRLModule",
+    "Uint8DefaultAPPOTorchRLModule",
+    "BatchNormDefaultPPOTorchRLModule",
+    "BatchNormDefaultDQNTorchRLModule",
+    "BatchNormDefaultAPPOTorchRLModule",
 )
-BatchNormDefaultDQNTorchRLModule = with_batchnorm(
-    Uint8DefaultDQNTorchRLModule, name="BatchNormDefaultDQNTorchRLModule"
-)
-BatchNormDefaultAPPOTorchRLModule = with_batchnorm(
-    Uint8DefaultAPPOTorchRLModule, name="BatchNormDefaultAPPOTorchRLModule"
-)
-for _cls in (
-    Uint8DefaultPPOTorchRLModule,
-    Uint8DefaultDQNTorchRLModule,
-    Uint8DefaultAPPOTorchRLModule,
-    BatchNormDefaultPPOTorchRLModule,
-    BatchNormDefaultDQNTorchRLModule,
-    BatchNormDefaultAPPOTorchRLModule,
-):
-    _cls.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -102,14 +60,9 @@ class ResultKeys:
 
 
 @dataclass(frozen=True)
-class Algorithm:
-    """One supported algorithm and the classes rllib-amp uses for it.
+class _Classes:
+    """The part of a record that needs RLlib."""
 
-    ``minibatches``: the learner splits each train batch into minibatches
-    (``minibatch_size``, ``num_epochs``); ``results``: the result keys it adds.
-    """
-
-    name: str
     config_class: type[AlgorithmConfig]
     learner: type[TorchLearner]
     amp_learner: type[TorchLearner]
@@ -118,83 +71,210 @@ class Algorithm:
     batchnorm_module: type
     algorithm_class: type[RLlibAlgorithm]
     amp_algorithm: type[RLlibAlgorithm]
-    minibatches: bool
     results: ResultKeys
 
 
-_POLICY_GRADIENT_LOSSES = (
-    rllib_learner.POLICY_LOSS_KEY,
-    rllib_learner.VF_LOSS_KEY,
-    rllib_learner.ENTROPY_KEY,
-)
+@dataclass(frozen=True)
+class Algorithm:
+    """One supported algorithm and the classes rllib-amp uses for it.
+
+    ``minibatches``: the learner splits each train batch into minibatches
+    (``minibatch_size``, ``num_epochs``); ``results``: the result keys it adds. The class
+    fields import RLlib on first use.
+    """
+
+    name: str
+    minibatches: bool
+
+    @property
+    def _classes(self) -> _Classes:
+        return _rllib_classes()[self.name]
+
+    @property
+    def config_class(self) -> type[AlgorithmConfig]:
+        return self._classes.config_class
+
+    @property
+    def learner(self) -> type[TorchLearner]:
+        return self._classes.learner
+
+    @property
+    def amp_learner(self) -> type[TorchLearner]:
+        return self._classes.amp_learner
+
+    @property
+    def module(self) -> type:
+        return self._classes.module
+
+    @property
+    def uint8_module(self) -> type:
+        return self._classes.uint8_module
+
+    @property
+    def batchnorm_module(self) -> type:
+        return self._classes.batchnorm_module
+
+    @property
+    def algorithm_class(self) -> type[RLlibAlgorithm]:
+        return self._classes.algorithm_class
+
+    @property
+    def amp_algorithm(self) -> type[RLlibAlgorithm]:
+        return self._classes.amp_algorithm
+
+    @property
+    def results(self) -> ResultKeys:
+        return self._classes.results
 
 
 # In the order messages list them.
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm(
-            "PPO",
-            PPOConfig,
-            PPOTorchLearner,
-            AmpPPOTorchLearner,
-            DefaultPPOTorchRLModule,
-            Uint8DefaultPPOTorchRLModule,
-            BatchNormDefaultPPOTorchRLModule,
-            PPO,
-            AmpPPO,
-            minibatches=True,
-            results=ResultKeys(
-                learner=(
-                    *_POLICY_GRADIENT_LOSSES,
-                    ppo.ppo.LEARNER_RESULTS_KL_KEY,
-                    ppo.ppo.LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
-                ),
-            ),
-        ),
-        Algorithm(
-            "DQN",
-            DQNConfig,
-            DQNTorchLearner,
-            AmpDQNTorchLearner,
-            DefaultDQNTorchRLModule,
-            Uint8DefaultDQNTorchRLModule,
-            BatchNormDefaultDQNTorchRLModule,
-            DQN,
-            AmpDQN,
-            minibatches=False,
-            results=ResultKeys(
-                scopes=("replay_buffer",),
-                learner=(
-                    dqn_learner.QF_LOSS_KEY,
-                    dqn_learner.TD_ERROR_MEAN_KEY,
-                    dqn_learner.QF_MEAN_KEY,
-                ),
-            ),
-        ),
-        Algorithm(
-            "APPO",
-            APPOConfig,
-            APPOTorchLearner,
-            AmpAPPOTorchLearner,
-            DefaultAPPOTorchRLModule,
-            Uint8DefaultAPPOTorchRLModule,
-            BatchNormDefaultAPPOTorchRLModule,
-            APPO,
-            AmpAPPO,
-            minibatches=True,
-            results=ResultKeys(
-                top=(
-                    M.MEAN_NUM_LEARNER_GROUP_UPDATE_CALLED,
-                    M.NUM_SYNCH_WORKER_WEIGHTS,
-                    M.NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
-                ),
-                scopes=("learner_group",),
-                learner=(*_POLICY_GRADIENT_LOSSES, appo.appo.LEARNER_RESULTS_KL_KEY),
-            ),
-        ),
+        Algorithm("PPO", minibatches=True),
+        Algorithm("DQN", minibatches=False),
+        Algorithm("APPO", minibatches=True),
     )
 }
+
+_LOCK = threading.Lock()
+_CLASSES: dict[str, _Classes] = {}
+
+
+def _rllib_classes() -> dict[str, _Classes]:
+    """Each record's RLlib classes, made once: two threads must not make two AmpPPO classes,
+    or a checkpoint would name one and Ray's workers hold the other."""
+    if _CLASSES:
+        return _CLASSES
+    with _LOCK:
+        if not _CLASSES:
+            _CLASSES.update(_define_rllib_classes())
+    return _CLASSES
+
+
+def _define_rllib_classes() -> dict[str, _Classes]:
+    from ray.rllib.algorithms import appo, ppo
+    from ray.rllib.algorithms.appo import APPO, APPOConfig
+    from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
+    from ray.rllib.algorithms.appo.torch.default_appo_torch_rl_module import (
+        DefaultAPPOTorchRLModule,
+    )
+    from ray.rllib.algorithms.dqn import DQN, DQNConfig, dqn_learner
+    from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import (
+        DefaultDQNTorchRLModule,
+    )
+    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+    from ray.rllib.algorithms.ppo import PPO, PPOConfig
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
+        DefaultPPOTorchRLModule,
+    )
+    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+    from ray.rllib.core.learner import learner as rllib_learner
+    from ray.rllib.utils import metrics as M
+
+    from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
+    from rllib_amp.envs.models import with_batchnorm, with_uint8_images
+    from rllib_amp.learner.mixin import AmpLearnerMixin
+
+    def named(name: str, bases: tuple[type, ...], doc: str) -> type:
+        return type(name, bases, {"__doc__": doc, "__module__": __name__})
+
+    learner_doc = "torch learner with autocast and a checkpointed GradScaler per policy."
+    algorithm_doc = "with verified restores and checksummed checkpoints."
+    made: dict[str, Any] = {
+        "AmpPPOTorchLearner": named(
+            "AmpPPOTorchLearner", (AmpLearnerMixin, PPOTorchLearner), f"PPO's {learner_doc}"
+        ),
+        "AmpDQNTorchLearner": named(
+            "AmpDQNTorchLearner",
+            (AmpLearnerMixin, DQNTorchLearner),
+            "DQN's torch learner (target network, double Q) with autocast and per-policy scalers.",
+        ),
+        "AmpAPPOTorchLearner": named(
+            "AmpAPPOTorchLearner", (AmpLearnerMixin, APPOTorchLearner), f"APPO's {learner_doc}"
+        ),
+        "AmpPPO": named("AmpPPO", (AmpAlgorithmMixin, PPO), f"RLlib's PPO {algorithm_doc}"),
+        "AmpDQN": named("AmpDQN", (AmpAlgorithmMixin, DQN), f"RLlib's DQN {algorithm_doc}"),
+        "AmpAPPO": named("AmpAPPO", (AmpAlgorithmMixin, APPO), f"RLlib's APPO {algorithm_doc}"),
+    }
+    defaults = {
+        "PPO": DefaultPPOTorchRLModule,
+        "DQN": DefaultDQNTorchRLModule,
+        "APPO": DefaultAPPOTorchRLModule,
+    }
+    for algo, module in defaults.items():
+        uint8 = with_uint8_images(module)
+        made[f"Uint8Default{algo}TorchRLModule"] = uint8
+        # BatchNorm modules take uint8 and float observations alike; their names predate
+        # uint8 input and are kept, so existing checkpoints still find them.
+        name = f"BatchNormDefault{algo}TorchRLModule"
+        made[name] = with_batchnorm(uint8, name=name)
+    for cls in made.values():
+        cls.__module__ = __name__
+    globals().update(made)  # later lookups skip __getattr__
+
+    policy_gradient_losses = (
+        rllib_learner.POLICY_LOSS_KEY,
+        rllib_learner.VF_LOSS_KEY,
+        rllib_learner.ENTROPY_KEY,
+    )
+    results = {
+        "PPO": ResultKeys(
+            learner=(
+                *policy_gradient_losses,
+                ppo.ppo.LEARNER_RESULTS_KL_KEY,
+                ppo.ppo.LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
+            ),
+        ),
+        "DQN": ResultKeys(
+            scopes=("replay_buffer",),
+            learner=(
+                dqn_learner.QF_LOSS_KEY,
+                dqn_learner.TD_ERROR_MEAN_KEY,
+                dqn_learner.QF_MEAN_KEY,
+            ),
+        ),
+        "APPO": ResultKeys(
+            top=(
+                M.MEAN_NUM_LEARNER_GROUP_UPDATE_CALLED,
+                M.NUM_SYNCH_WORKER_WEIGHTS,
+                M.NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
+            ),
+            scopes=("learner_group",),
+            learner=(*policy_gradient_losses, appo.appo.LEARNER_RESULTS_KL_KEY),
+        ),
+    }
+    # (config class, RLlib's torch learner, RLlib's algorithm)
+    rllib: dict[str, tuple[Any, Any, Any]] = {
+        "PPO": (PPOConfig, PPOTorchLearner, PPO),
+        "DQN": (DQNConfig, DQNTorchLearner, DQN),
+        "APPO": (APPOConfig, APPOTorchLearner, APPO),
+    }
+    return {
+        algo: _Classes(
+            config_class=config_class,
+            learner=learner,
+            amp_learner=made[f"Amp{algo}TorchLearner"],
+            module=defaults[algo],
+            uint8_module=made[f"Uint8Default{algo}TorchRLModule"],
+            batchnorm_module=made[f"BatchNormDefault{algo}TorchRLModule"],
+            algorithm_class=algorithm_class,
+            amp_algorithm=made[f"Amp{algo}"],
+            results=results[algo],
+        )
+        for algo, (config_class, learner, algorithm_class) in rllib.items()
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RLLIB_NAMES:
+        _rllib_classes()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_RLLIB_NAMES})
 
 
 def algorithm(name: str) -> Algorithm:
@@ -233,6 +313,9 @@ def amp_subclass(
     once per base. TypeError, naming ``caller``, for anything but a subclass of ``root``.
 
     Example:
+        >>> from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+        >>> from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+        >>> from rllib_amp.learner.mixin import AmpLearnerMixin
         >>> amp_subclass(AmpLearnerMixin, PPOTorchLearner, root=TorchLearner, known={},
         ...              doc="", caller="f").__name__
         'AmpPPOTorchLearner'
@@ -256,9 +339,14 @@ def amp_learner_class(base_learner_cls: type) -> type:
     """The mixed-precision version of a TorchLearner subclass (yours or RLlib's).
 
     Example:
+        >>> from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
         >>> amp_learner_class(PPOTorchLearner).__name__
         'AmpPPOTorchLearner'
     """
+    from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+    from rllib_amp.learner.mixin import AmpLearnerMixin
+
     return amp_subclass(
         AmpLearnerMixin,
         base_learner_cls,
@@ -278,6 +366,10 @@ def amp_algorithm_class(base: type) -> type:
         >>> issubclass(amp_algorithm_class(DQN), DQN)
         True
     """
+    from ray.rllib.algorithms.algorithm import Algorithm as RLlibAlgorithm
+
+    from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
+
     return amp_subclass(
         AmpAlgorithmMixin,
         base,

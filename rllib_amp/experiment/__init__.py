@@ -21,18 +21,18 @@ import copy
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-
-from rllib_amp.experiment import builder
-from rllib_amp.experiment.dotted import TOP_KEYS, with_override
+from rllib_amp.experiment.dotted import TOP_KEYS, override_parts, with_override
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
 from rllib_amp.experiment.schema import algorithm_config_class, validate
 from rllib_amp.settings import AmpSettings
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 __all__ = [
     "SAMPLERS",
@@ -54,6 +54,20 @@ def _check_overrides_type(overrides: Any) -> None:
             f"overrides: got the string {overrides!r}; pass a list, e.g. "
             f"overrides=[{overrides!r}], or a mapping such as {{'amp.init_scale': 1024}}"
         )
+
+
+def _override_items(
+    overrides: Mapping[str, Any] | Iterable[str], path: str
+) -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` pairs, each key checked to name a section of the experiment."""
+    items = (
+        list(overrides.items())
+        if isinstance(overrides, Mapping)
+        else [parse_override(o) for o in overrides]
+    )
+    for key, _ in items:
+        override_parts(key, path)
+    return items
 
 
 def _section_copy(section: str, holds: str = "its normalised keys") -> Any:
@@ -122,11 +136,11 @@ class Experiment:
         _check_overrides_type(overrides)
         if not overrides:
             return self
-        items = (
-            list(overrides.items())
-            if isinstance(overrides, Mapping)
-            else [parse_override(o) for o in overrides]
-        )
+        return self._with_items(_override_items(overrides, self.path))
+
+    def _with_items(self, items: list[tuple[str, Any]]) -> Experiment:
+        if not items:
+            return self
         data = self.resolved()
         for key, value in items:
             data = with_override(data, key, value, self.path)
@@ -135,14 +149,20 @@ class Experiment:
     # -- RLlib and Tune ---------------------------------------------------------------------
     def algorithm_config(self) -> AlgorithmConfig:
         """The RLlib AlgorithmConfig for this experiment, built with builder methods."""
+        from rllib_amp.experiment import builder
+
         return builder.algorithm_config(self.data)
 
     def param_space(self) -> dict[str, Any]:
         """The Tune search space: dotted key -> Tune Domain (or grid_search dict)."""
+        from rllib_amp.experiment import builder
+
         return builder.param_space(self.data["search"])
 
     def tune_param_space(self) -> AlgorithmConfig:
         """``algorithm_config`` with the search space placed at its keys."""
+        from rllib_amp.experiment import builder
+
         return builder.algorithm_config(self.data, searched=self.param_space())
 
     def resolved(self) -> dict[str, Any]:
@@ -167,4 +187,8 @@ def load(
     """
     _check_overrides_type(overrides)
     path = os.fspath(path)
-    return Experiment(validate(read_file(path), path), path).with_overrides(overrides)
+    raw = read_file(path)
+    # The --set values are parsed before the file's content is checked, which imports RLlib
+    # (training keys are checked against its signatures): a typo there is refused at once.
+    items = _override_items(overrides or [], path)
+    return Experiment(validate(raw, path), path)._with_items(items)

@@ -86,14 +86,12 @@ def with_dotted(
     return out
 
 
-def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> dict[str, Any]:
-    """``data`` with a ``--set`` style override; ``search.<dotted key>`` sets one search entry.
-
-    The caller validates the result.
+def override_parts(key: str, path: str) -> list[str]:
+    """The path a ``--set`` key names; ExperimentError for a key outside the experiment.
 
     Example:
-        >>> with_override({"seed": 0}, "search.amp.init_scale", {"grid": [1, 2]}, "<p>")
-        {'seed': 0, 'search': {'amp.init_scale': {'grid': [1, 2]}}}
+        >>> override_parts("search.training.lr", "<p>")
+        ['search', 'training.lr']
     """
     parts = str(key).split(".")
     top = parts[0]
@@ -105,6 +103,20 @@ def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> d
     if top == "search" and len(parts) > 1:
         # Search entries are themselves dotted keys: everything after "search." is one key.
         parts = [top, ".".join(parts[1:])]
+    return parts
+
+
+def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> dict[str, Any]:
+    """``data`` with a ``--set`` style override; ``search.<dotted key>`` sets one search entry.
+
+    The caller validates the result.
+
+    Example:
+        >>> with_override({"seed": 0}, "search.amp.init_scale", {"grid": [1, 2]}, "<p>")
+        {'seed': 0, 'search': {'amp.init_scale': {'grid': [1, 2]}}}
+    """
+    parts = override_parts(key, path)
+    top = parts[0]
     if top == "model" and isinstance(data.get("model"), str):
         data = {**data, "model": {"preset": data["model"]}}
     return with_dotted(data, parts, value, key, path)

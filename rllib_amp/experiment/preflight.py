@@ -19,7 +19,7 @@ shows them); a failure is one ExperimentError line naming the key and the fix.
 Example:
     >>> from rllib_amp import experiment as E
     >>> preflight(E.load("tune_configs/cartpole_ppo_amp.yaml")).split(";")[0]
-    '8 configs built and validated by RLlib'
+    '2 configs built and validated by RLlib'
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rllib_amp.experiment.errors import ExperimentError
-from rllib_amp.experiment.results import catalog
 from rllib_amp.experiment.sampler import Sampler
 
 if TYPE_CHECKING:
@@ -214,6 +213,9 @@ def check_result_keys(exp: Experiment, config: AlgorithmConfig) -> None:
         reports 'episode_reward_mean', so this stop would never trigger (did you mean
         'env_runners/episode_return_mean'?); ...
     """
+    # Built from RLlib's metric names: imported here, so loading an experiment does not.
+    from rllib_amp.experiment.results import catalog
+
     results = catalog(exp.algorithm)
     config_keys = set(config.to_dict())
     for key in exp.stop:

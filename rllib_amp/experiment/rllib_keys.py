@@ -18,12 +18,12 @@ import inspect
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
-
-from ray._common.deprecation import DEPRECATED_VALUE
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from typing import TYPE_CHECKING, Any
 
 from rllib_amp.experiment.errors import err
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 # Upper bounds far above any real setup and far below what hangs: RLlib builds one
 # placement-group bundle per env runner up front (num_env_runners: 100000000 never returned),
@@ -118,6 +118,8 @@ def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
         >>> sorted(training_types(algorithm("DQN").config_class)["n_step"])
         ['int', 'list']
     """
+    from ray._common.deprecation import DEPRECATED_VALUE
+
     defaults = cls()
     kinds: dict[str, set[str]] = {}
     unchecked: set[str] = set()
@@ -164,6 +166,8 @@ def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
         >>> unsettable_training_keys(algorithm("PPO").config_class)["vf_share_layers"]
         'deprecated in RLlib (ignored or refused there); remove it'
     """
+    from ray._common.deprecation import DEPRECATED_VALUE
+
     out: dict[str, str] = {}
     for klass in cls.__mro__:
         fn = vars(klass).get("training")

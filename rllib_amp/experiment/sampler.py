@@ -17,9 +17,7 @@ import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from ray import tune
+from typing import TYPE_CHECKING, Any
 
 from rllib_amp.checks import is_number, suggest
 
@@ -29,13 +27,18 @@ RANGES = ("loguniform", "uniform", "randint")
 SAMPLERS = (*LISTS, *RANGES)
 _INT64 = (-(2**63), 2**63 - 1)
 
-_TUNE: dict[str, Callable[[tuple[Any, ...]], Any]] = {
-    "grid": lambda v: tune.grid_search(copy.deepcopy(list(v))),
-    "choice": lambda v: tune.choice(copy.deepcopy(list(v))),
-    "loguniform": lambda v: tune.loguniform(*v),
-    "uniform": lambda v: tune.uniform(*v),
-    "randint": lambda v: tune.randint(*v),
-}
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def _tune_spaces(tune: ModuleType) -> dict[str, Callable[[tuple[Any, ...]], Any]]:
+    return {
+        "grid": lambda v: tune.grid_search(copy.deepcopy(list(v))),
+        "choice": lambda v: tune.choice(copy.deepcopy(list(v))),
+        "loguniform": lambda v: tune.loguniform(*v),
+        "uniform": lambda v: tune.uniform(*v),
+        "randint": lambda v: tune.randint(*v),
+    }
 
 
 def _finite(x: float) -> bool:
@@ -118,7 +121,10 @@ class Sampler:
 
     def to_tune(self) -> Any:
         """The Tune search-space entry: a ``grid_search`` dict or a Tune ``Domain``."""
-        return _TUNE[self.kind](self.values)
+        # Tune is imported here: parsing and checking a spec must not load Ray.
+        from ray import tune
+
+        return _tune_spaces(tune)[self.kind](self.values)
 
     def to_dict(self) -> dict[str, list[Any]]:
         """The spec as written in a file, e.g. ``{'grid': [1, 2]}``."""

@@ -17,16 +17,10 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
-
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+from typing import TYPE_CHECKING, Any
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
-from rllib_amp.envs import configure as envs
-from rllib_amp.envs import models
 from rllib_amp.experiment.dotted import TOP_KEYS, is_integer_key, with_dotted
 from rllib_amp.experiment.errors import ExperimentError, err
 from rllib_amp.experiment.pbt import check_pbt_mutations
@@ -40,6 +34,9 @@ from rllib_amp.experiment.rllib_keys import (
 )
 from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.settings import AmpSettings, WarmStart
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
 SCHEDULERS = ("fifo", "asha", "pbt")
@@ -72,7 +69,6 @@ PBT_EXAMPLE = (
 CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
 # Seeds go to numpy's and torch's generators, which take 32-bit seeds.
 SEED_MAX = 2**32 - 1
-MODEL_KEYS = ("preset", "batchnorm", *(f.name for f in dataclasses.fields(DefaultModelConfig)))
 # Sections whose keys may be searched; "seed" is searched whole.
 SEARCHABLE = ("amp", "training", "resources", "env_config", "model", "seed")
 # A preset expands into several model settings and BatchNorm picks the module class: neither
@@ -94,6 +90,14 @@ def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
         return algorithm(name).config_class
     except ValueError as e:
         raise ExperimentError(str(e)) from None
+
+
+@functools.cache
+def model_keys() -> tuple[str, ...]:
+    """The keys of ``model``: rllib-amp's two, then RLlib's DefaultModelConfig fields."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    return ("preset", "batchnorm", *(f.name for f in dataclasses.fields(DefaultModelConfig)))
 
 
 # -- small checks ----------------------------------------------------------------------------
@@ -176,6 +180,8 @@ def _env(value: Any, exp: Mapping[str, Any], path: str) -> str:
     _required_name("env", value, path)
     if not isinstance(value, str):
         raise err(path, "env", f"got {value!r}; expected a gymnasium id such as 'CartPole-v1'")
+    from rllib_amp.envs import configure as envs
+
     try:
         envs.check_env_id(value)
     except ValueError as e:
@@ -189,8 +195,11 @@ def _env_config(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]
 
 def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     """A preset name, or a mapping of preset / batchnorm / RLlib DefaultModelConfig fields."""
+    from rllib_amp.envs import configure as envs
+    from rllib_amp.envs import models
+
     model = _mapping(path, "model", {"preset": value} if isinstance(value, str) else value)
-    _keys(path, "model", model, MODEL_KEYS)
+    _keys(path, "model", model, model_keys())
     if "preset" in model and model["preset"] not in models.PRESETS:
         raise err(
             path,
@@ -227,6 +236,8 @@ def _amp(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
 def _check_warm_start(checkpoint: str, modules: tuple[tuple[str, str], ...] | None) -> None:
     """``warm_start.check_warm_start`` for a YAML experiment, whose one module is RLlib's
     default; cached, since every override and search edge validates the amp section again."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
     from rllib_amp.scaling.warm_start import check_warm_start
 
     warm = WarmStart(path=checkpoint, modules=modules)
@@ -501,12 +512,36 @@ def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
             f"{type(raw).__name__}; start the file with e.g. 'algorithm: PPO'"
         )
     _keys(path, "", raw, TOP_KEYS)
+    _check_shape(raw, path)
     out: dict[str, Any] = {}
     for section, check in SECTIONS.items():
         out[section] = check(raw.get(section), out, path)
     _check_batch_sizes(out, path)
     _check_pbt(out, path)
     return out
+
+
+# The sections that hold a mapping (``model`` may name a preset instead).
+MAPPING_SECTIONS = (
+    "env_config",
+    "model",
+    "amp",
+    "training",
+    "resources",
+    "tune",
+    "stop",
+    "checkpoint",
+    "search",
+)
+
+
+def _check_shape(raw: Mapping[str, Any], path: str) -> None:
+    """Each section is a mapping where one belongs. Checked before any section's content, so
+    a file of the wrong shape is refused before the env and training checks import RLlib."""
+    for section in MAPPING_SECTIONS:
+        value = raw.get(section)
+        if not (section == "model" and isinstance(value, str)):
+            _mapping(path, section, value)
 
 
 def _check_pbt(exp: Mapping[str, Any], path: str) -> None:
