@@ -84,3 +84,40 @@ def test_help_and_refusals_that_need_no_ray_start_fast(tmp_path):
         if expected == 2:
             assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert seconds < GENEROUS_S
+
+
+# Exit-2 answers about the experiment file that need no RLlib: file -> YAML -> keys ->
+# section types -> algorithm name, and the --set values.
+BAD_FILES = {
+    "missing file": None,
+    "YAML syntax error": "algorithm: PPO\nenv: [CartPole-v1\n",
+    "unknown top-level key": "algoritm: PPO\nenv: CartPole-v1\n",
+    "section of the wrong type": "algorithm: PPO\nenv: CartPole-v1\nstop: 5\n",
+    "unknown algorithm": "algorithm: PPOX\nenv: CartPole-v1\nstop: {training_iteration: 1}\n",
+    "malformed --set": "algorithm: PPO\nenv: CartPole-v1\nstop: {training_iteration: 1}\n",
+}
+
+
+@pytest.mark.parametrize("label", list(BAD_FILES))
+def test_a_bad_experiment_file_is_refused_before_rllib_loads(tmp_path, label):
+    """Runs the command's ``main`` in a fresh interpreter, then reads its ``sys.modules``: the
+    answer came, as one line and exit 2, without importing torch or RLlib."""
+    path = tmp_path / "exp.yaml"
+    if BAD_FILES[label] is not None:
+        path.write_text(BAD_FILES[label])
+    argv = ["--config", str(path), *(["--set", "stop"] if label == "malformed --set" else [])]
+    probe = (
+        "import sys\n"
+        "from rllib_amp.sweep.main import main\n"
+        f"rc = main({argv!r})\n"
+        f"print(rc, *[m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    seconds = time.monotonic() - start
+    print(f"python -m rllib_amp.tune, {label}: {seconds:.2f} s")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2"], (proc.stdout, proc.stderr)  # exit 2, nothing heavy
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert seconds < GENEROUS_S
