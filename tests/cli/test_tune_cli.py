@@ -136,7 +136,8 @@ def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys):
     returns = [r["env_runners/episode_return_mean"] for r in table]
     assert returns == sorted(returns, reverse=True)
     recommended = yaml.safe_load((tmp_path / "e2e" / "recommended_amp.yaml").read_text())
-    assert recommended["amp"]["init_scale"] == table[0]["grad_scale"]
+    # One seed per setting: the best trial's setting, at the scale it settled at.
+    assert recommended["amp"]["init_scale"] == table[0]["settled_scale"]
 
 
 def _results(path):
@@ -385,11 +386,14 @@ def test_an_iteration_in_which_no_episode_ended_reports_nan_not_a_crash(tmp_path
     assert math.isnan(row["env_runners/episode_return_mean"])
 
 
-@pytest.mark.slow  # the default job as a new user runs it: about 2.5 minutes on 2 cores
-def test_default_job_learns_cartpole_within_four_minutes(tmp_path):
-    """``python -m rllib_amp.tune`` with no arguments but the storage: every trial trains
-    until it learns CartPole (return >= 450) or spends the step budget, Ray's start included
-    in 4 minutes, and the summary says how soon each got there."""
+@pytest.mark.slow  # the default job as a new user runs it: a few minutes on 2 cores
+def test_default_job_answers_per_setting_within_five_minutes(tmp_path):
+    """``python -m rllib_amp.tune`` with no arguments but the storage: 2 settings x 3 seeds,
+    each trial until it learns CartPole (return >= 450) or spends the step budget, Ray's start
+    included in 5 minutes; the per-setting summary (intervals, ties, the finding),
+    groups.parquet, sweep.png and a recommendation that follows the tie rule."""
+    import matplotlib.image
+
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "rllib_amp.tune", "--storage-path", str(tmp_path)],
@@ -397,21 +401,45 @@ def test_default_job_learns_cartpole_within_four_minutes(tmp_path):
         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
     )  # fmt: skip
     elapsed = time.monotonic() - start
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert elapsed < 240, f"the default job took {elapsed:.0f} s"
-    rows = pq.read_table(str(tmp_path / "cartpole_ppo_amp" / "results.parquet")).to_pylist()
-    assert len(rows) == 8 and all(r["status"] == "DONE" for r in rows)
+    out = proc.stdout
+    assert proc.returncode == 0, (out + proc.stderr)[-3000:]
+    assert elapsed < 300, f"the default job took {elapsed:.0f} s"
+    (exp_dir,) = glob.glob(str(tmp_path / "cartpole_ppo_amp*"))
+    rows = pq.read_table(os.path.join(exp_dir, "results.parquet")).to_pylist()
+    assert len(rows) == 6 and all(r["status"] == "DONE" for r in rows)
+    settings = {}
     for r in rows:
         learned = r["env_runners/episode_return_mean"] >= 450
         assert learned == (r["env_steps_to_450"] is not None)
-        batch = r["training.train_batch_size_per_learner"]
-        assert learned or r["training_iteration"] * batch >= 50_000  # else the budget ran out
-    assert sum(r["env_steps_to_450"] is not None for r in rows) >= 6
-    steps = [r["env_steps_to_450"] for r in rows if r["env_steps_to_450"] is not None]
-    assert steps == sorted(steps)  # ranked by how soon they learned
-    assert (
-        "steps to 450" in proc.stdout and "trials reached episode_return_mean >= 450" in proc.stdout
-    )
+        assert learned or r["env_steps"] >= 40_000  # else the budget ran out
+        assert r["base_seed"] == 0
+        settings.setdefault(r["amp.growth_interval"], []).append(r["seed"])
+    # Every setting ran seeds 0, 1 and 2: independent repeats, not one run three times.
+    assert len(settings) == 2 and all(sorted(s) == [0, 1, 2] for s in settings.values())
+    assert sum(r["env_steps_to_450"] is not None for r in rows) >= 4
+    groups = pq.read_table(os.path.join(exp_dir, "groups.parquet")).to_pylist()
+    assert [g["rank"] for g in groups] == [1, 2] and groups[0]["tied"]
+    for g in groups:
+        assert g["n_seeds"] == 3 and sorted(g["seeds"]) == [0, 1, 2]
+        if g["seeds_reached_target"] >= 2:
+            assert g["env_steps_to_target_ci_lo"] <= g["env_steps_to_target_mean"]
+    means = [g["env_steps_to_target_mean"] for g in groups]
+    assert means == sorted(means)  # ranked by the mean steps to 450
+    # The recommendation: a tied setting with the fewest skipped steps among the tied ones,
+    # starting at its settled scale.
+    with open(os.path.join(exp_dir, "recommended_amp.yaml"), encoding="utf-8") as f:
+        amp = yaml.safe_load(f)["amp"]
+    tied = [g for g in groups if g["tied"]]
+    chosen = [g for g in tied if g["amp.growth_interval"] == amp["growth_interval"]
+              and g["settled_scale"] == amp["init_scale"]]  # fmt: skip
+    assert chosen, (amp, tied)
+    assert chosen[0]["skipped_steps_mean"] == min(g["skipped_steps_mean"] for g in tied)
+    with open(os.path.join(exp_dir, "sweep.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(os.path.join(exp_dir, "sweep.png")).ndim == 3
+    assert "Settings, best first by the mean env steps to the target" in out
+    assert "[95% CI]" in out and "best" in out and "Found: " in out
+    assert f"Figure: {exp_dir}" in out and f"Groups: {exp_dir}" in out
 
 
 # -- quiet output ---------------------------------------------------------------------------
@@ -427,6 +455,7 @@ def test_default_job_prints_no_snapshot_warnings(tmp_path):
     default["search"] = {"amp.growth_interval": {"grid": [10, 2000]}}
     default["training"]["train_batch_size_per_learner"] = 500  # the default's smaller batch
     default["stop"] = {"training_iteration": 10}  # two checkpoints each, not until learned
+    default["tune"]["num_samples"] = 1  # one seed each: two trials
     config = tmp_path / "default_two_trials.yaml"
     config.write_text(yaml.safe_dump(default))
     proc = subprocess.run(
