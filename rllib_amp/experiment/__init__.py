@@ -6,7 +6,9 @@ AlgorithmConfig + Tune space), ``preflight`` (every check a sweep can fail witho
 RLlib's validation of each config, the env and the RLModule, result keys) and ``results``
 (the result keys each algorithm reports). The schema is strict: unknown keys are errors (with
 the nearest valid key suggested), and every error names the file, the key, the value and the
-fix.
+fix. RLlib is imported only by the checks that need its classes (the env and model, the
+``training`` keys, the config): a missing file, bad YAML, an unknown key, a section of the
+wrong type, an unknown algorithm or a bad ``--set`` are refused before it loads.
 
 Example:
     >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides=["amp.init_scale=1024"])

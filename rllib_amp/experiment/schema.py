@@ -1,6 +1,7 @@
 """The experiment schema: one validator per top-level section, and the defaults.
 
-``validate`` runs the ``SECTIONS`` table in order; each validator gets its section's raw value
+``validate`` checks the file's shape (top-level keys, which sections are mappings), then runs
+the ``SECTIONS`` table in order; each validator gets its section's raw value
 and the sections checked before it (``training`` needs the algorithm, ``model`` the env), and
 returns the normalised section. A searched key's values are checked by its section's
 validator alone. Every error names the file, the key, the value and the fix.

@@ -349,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
     """``run``, with the experiment's, the storage's and the resources' own errors (bad
     input all) as UsageError. ExperimentError is looked up only once its module is loaded:
-    importing it up front would load RLlib before ``--help`` prints."""
+    ``--help`` and the flag errors answer without importing the experiment schema."""
     try:
         return run(argv)
     except (S.StorageError, ResourceError) as e:
