@@ -143,6 +143,15 @@ def run(argv: Sequence[str] | None = None) -> int:
             f"more than the cap of {args.max_trials:,}; lower tune.num_samples or the grid, "
             f"or pass --max-trials {trials} to run them all"
         )
+    from rllib_amp.sweep.resources import RllibNotices
+
+    with RllibNotices() as notices:  # shown once the trials start: a refusal stays one line
+        return _checked_run(args, exp, trials, notices)
+
+
+def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) -> int:
+    from rllib_amp import experiment as E
+
     checked = E.preflight(exp)  # what --dry-run proves, and what a real run checks before Ray
     storage = S.resolve(args.storage_path, exp.get("storage_path"))
     name = R.choose_name(exp.name, storage, name=args.name, resume=args.resume)
@@ -158,7 +167,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if address is not None:
         probe_address(address, where)
     S.check_writable(storage)
-    exp, name, grid, interrupted = _tune(exp, args, storage, name, spec, address, where)
+    exp, name, grid, interrupted = _tune(exp, args, storage, name, spec, address, where, notices)
     return _report(exp, args, grid, storage, name, interrupted)
 
 
@@ -201,6 +210,7 @@ def _tune(
     spec: dict[str, Any],
     address: str | None,
     where: str,
+    notices: Any,
 ) -> tuple[Any, str, Any, bool]:
     """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
     result grid, whether Ctrl-C ended it)``. A new run (``name`` None) takes its name once
@@ -241,6 +251,7 @@ def _tune(
             if new:
                 R.release(storage, name)  # only if empty: Tune wrote nothing there yet
             raise
+        notices.release()
         grid, interrupted = T.fit(tuner)
     finally:
         if started:

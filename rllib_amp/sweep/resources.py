@@ -17,11 +17,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,28 +41,48 @@ class _Keep(logging.Handler):
         self.records.append(record)
 
 
-@contextlib.contextmanager
-def _rllib_notices_held() -> Iterator[None]:
-    """RLlib logs notices about the run while it validates a config ("You are running PPO on
-    the new API stack!"). Held here, they are shown once the check passes, and dropped when
-    the check ends in a ResourceError: that run never starts, and the error stays one line."""
-    logger = logging.getLogger("ray.rllib")
-    held: list[logging.LogRecord] = []
-    handlers = logger.handlers[:]
-    logger.handlers = [_Keep(held)]
-    try:
-        yield
-    except ResourceError:
-        logger.handlers = handlers
-        raise
-    except BaseException:
-        logger.handlers = handlers
-        for record in held:
-            logger.handle(record)
-        raise
-    logger.handlers = handlers
-    for record in held:
-        logger.handle(record)
+class RllibNotices:
+    """Holds RLlib's notices about a run ("You are running PPO on the new API stack!"), which
+    RLlib logs while it validates a config: a start refused before its trials run stays one
+    line. ``release()`` shows them once the run is under way; leaving the block without a
+    release drops them when it ends in an error and shows them otherwise.
+
+    Example:
+        >>> with RllibNotices() as notices:
+        ...     logging.getLogger("ray.rllib").warning("held")
+        ...     len(notices.held)
+        1
+    """
+
+    def __init__(self, drop_on: tuple[type[BaseException], ...] = (BaseException,)):
+        self.held: list[logging.LogRecord] = []
+        self._drop_on = drop_on
+        self._logger = logging.getLogger("ray.rllib")
+        self._handlers: list[logging.Handler] | None = None
+
+    def __enter__(self) -> RllibNotices:
+        self._handlers = self._logger.handlers[:]
+        self._logger.handlers = [_Keep(self.held)]
+        return self
+
+    def release(self) -> None:
+        """Shows the held notices and stops holding."""
+        if self._handlers is None:
+            return
+        self._logger.handlers, self._handlers = self._handlers, None
+        for record in self.held:
+            self._logger.handle(record)
+        self.held.clear()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and issubclass(exc_type, self._drop_on):
+            self.held.clear()
+        self.release()
+
+
+def _rllib_notices_held() -> RllibNotices:
+    """Notices held while a resource check runs: dropped when it ends in a ResourceError."""
+    return RllibNotices(drop_on=(ResourceError,))
 
 
 @dataclass(frozen=True)
