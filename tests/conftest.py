@@ -4,10 +4,12 @@ the tests' own."""
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import socket
 import tempfile
+import textwrap
 
 # Before ray is imported anywhere: keep Ray on 127.0.0.1 instead of the machine's interface
 # address, so tests never touch the network and multi-node Clusters can be joined.
@@ -89,3 +91,70 @@ def ray_local():
 def ray_metrics_url(ray_local) -> str:
     """The Prometheus endpoint of the test session's Ray node."""
     return f"http://127.0.0.1:{_METRICS_PORT}/metrics"
+
+
+# -- helpers shared by the tests of several tiers --------------------------------------------
+TINY_EXPERIMENT = """
+# a tiny sweep for tests
+algorithm: PPO
+env: CartPole-v1
+model: {{fcnet_hiddens: [16]}}
+amp: {{dtype: float16}}
+training: {{train_batch_size_per_learner: 200, minibatch_size: 100, num_epochs: 1}}
+resources: {{num_env_runners: 0}}
+search:
+  amp.init_scale: {{grid: {scales}}}
+  amp.growth_interval: {{choice: [5, 2000]}}
+  training.train_batch_size_per_learner: {{choice: [100, 200]}}
+tune: {{max_concurrent_trials: 1}}
+stop: {{training_iteration: {iterations}}}
+checkpoint: {{frequency: 1, num_to_keep: 2}}
+seed: 0
+"""
+
+
+@pytest.fixture
+def tiny_file():
+    """``tiny_file(folder, iterations=2, scales=(1024.0, 65536.0))``: writes a tiny CartPole
+    sweep file into ``folder`` and returns its path."""
+
+    def write(folder, iterations=2, scales=(1024.0, 65536.0)):
+        p = folder / "tiny.yaml"
+        text = TINY_EXPERIMENT.format(iterations=iterations, scales=list(scales))
+        p.write_text(textwrap.dedent(text))
+        return str(p)
+
+    return write
+
+
+@pytest.fixture
+def trial_results():
+    """``trial_results(path)``: a trial's result.json lines; a last line Tune is still writing
+    is left out."""
+
+    def read(path):
+        """The trial's result lines; a last line Tune is still writing is left out."""
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        out = []
+        for i, line in enumerate(lines):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i != len(lines) - 1:
+                    raise
+        return out
+
+    return read
+
+
+@pytest.fixture
+def ray_must_not_start(monkeypatch):
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started for a config pre-flight should have refused")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    # As if no Ray ran in this process (another test file's session Ray may).
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)

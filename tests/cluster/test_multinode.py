@@ -10,12 +10,10 @@ import sys
 
 import pyarrow.parquet as pq
 
-from tests.cli.test_tune_cli import tiny_file
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _cluster_sweep(tmp_path, *extra: str, iterations: int = 2) -> dict:
+def _cluster_sweep(tmp_path, tiny_file, *extra: str, iterations: int = 2) -> dict:
     """Runs sweep_on_cluster.py (its own Ray cluster, in a child process); returns its verdict
     after checking that both trials finished."""
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
@@ -38,7 +36,7 @@ def _cluster_sweep(tmp_path, *extra: str, iterations: int = 2) -> dict:
     return verdict
 
 
-def test_sweep_survives_losing_a_worker_node(tmp_path):
-    verdict = _cluster_sweep(tmp_path, "--remove-worker", iterations=6)
+def test_sweep_survives_losing_a_worker_node(tmp_path, tiny_file):
+    verdict = _cluster_sweep(tmp_path, tiny_file, "--remove-worker", iterations=6)
     assert verdict["removed"] == [verdict["worker"]], "the worker was not removed mid-sweep"
     assert verdict["spare"] in verdict["trial_nodes"]  # retried / run on the remaining worker

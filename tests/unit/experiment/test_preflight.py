@@ -14,7 +14,7 @@ from rllib_amp.experiment.results import catalog
 # The module (the package exports its function under the same name).
 P = importlib.import_module("rllib_amp.experiment.preflight")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tune_configs", "*.yaml")))
 BASE = {
     "algorithm": "PPO",

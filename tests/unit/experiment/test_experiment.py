@@ -14,7 +14,7 @@ from rllib_amp import experiment as E
 from rllib_amp.envs import configure as envs
 from rllib_amp.settings import AMP_CONFIG_KEY, settings_from_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tune_configs", "*.yaml")))
 
 GOOD = """

@@ -10,7 +10,7 @@ import pytest
 from rllib_amp import experiment as E
 from rllib_amp.sweep import resources as R
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 PONG = os.path.join(ROOT, "tune_configs", "pong_ppo_amp.yaml")
 LAPTOP = {"CPU": 2.0, "GPU": 0.0}
 

@@ -75,18 +75,6 @@ def test_dry_run_refuses_with_exit_2_and_one_line(tmp_path, capsys, name, data, 
     assert fragment in err and path in err, err
 
 
-@pytest.fixture
-def ray_must_not_start(monkeypatch):
-    import ray
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("Ray was started for a config pre-flight should have refused")
-
-    monkeypatch.setattr(ray, "init", refuse)
-    # As if no Ray ran in this process (another test file's session Ray may).
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-
-
 @pytest.mark.usefixtures("ray_must_not_start")
 @pytest.mark.parametrize(
     "name, data, fragment",

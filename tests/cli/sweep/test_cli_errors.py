@@ -22,8 +22,6 @@ from rllib_amp.sweep import main as cli
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import summary
 from rllib_amp.sweep import tuner as T
-from tests.cli.test_hostile_input import ray_must_not_start  # noqa: F401 - a fixture
-from tests.cli.test_tune_cli import tiny_file
 
 PROG = "python -m rllib_amp.tune: error: "
 
@@ -38,7 +36,7 @@ def closed_port() -> int:
 @pytest.fixture
 def no_ray(monkeypatch, request):
     """Any attempt to start or join Ray fails the test: these inputs are refused before."""
-    request.getfixturevalue(ray_must_not_start.__name__)
+    request.getfixturevalue("ray_must_not_start")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
@@ -54,7 +52,7 @@ def refused(capsys, argv) -> str:
 # -- names ----------------------------------------------------------------------------------
 @pytest.mark.usefixtures("no_ray")
 @pytest.mark.parametrize("name", ["../../x", "a/b", "", ".", "..", "-x", "a\\b", "x?y", "a\nb"])
-def test_a_name_that_is_a_path_is_refused(tmp_path, capsys, name):
+def test_a_name_that_is_a_path_is_refused(tmp_path, capsys, name, tiny_file):
     store = tmp_path / "store"
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path", str(store),
                            f"--name={name}"])  # fmt: skip
@@ -87,7 +85,7 @@ def snapshot(root) -> dict[str, bytes]:
 
 @pytest.mark.usefixtures("no_ray")
 @pytest.mark.parametrize("dry_run", [False, True])
-def test_an_existing_name_without_resume_is_refused_and_kept(tmp_path, capsys, dry_run):
+def test_an_existing_name_without_resume_is_refused_and_kept(tmp_path, capsys, dry_run, tiny_file):
     fake_run(tmp_path)
     before = snapshot(tmp_path / "store" / "old")
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path",
@@ -97,7 +95,7 @@ def test_an_existing_name_without_resume_is_refused_and_kept(tmp_path, capsys, d
     assert snapshot(tmp_path / "store" / "old") == before
 
 
-def stored_run(tmp_path, *sets: str) -> list[str]:
+def stored_run(tmp_path, tiny_file, *sets: str) -> list[str]:
     """A fake interrupted run whose experiment.yaml is what these --set values resolve to."""
     fake_run(tmp_path)
     config = tiny_file(tmp_path)
@@ -112,8 +110,8 @@ def stored_run(tmp_path, *sets: str) -> list[str]:
 
 
 @pytest.mark.usefixtures("no_ray")
-def test_resume_with_a_changed_experiment_is_refused_with_the_keys(tmp_path, capsys):
-    argv = stored_run(tmp_path, "amp.growth_interval=100")
+def test_resume_with_a_changed_experiment_is_refused_with_the_keys(tmp_path, tiny_file, capsys):
+    argv = stored_run(tmp_path, tiny_file, "amp.growth_interval=100")
     before = snapshot(tmp_path / "store" / "old")
     err = refused(capsys, [*argv[:-2], "--resume", "--set", "stop.training_iteration=5",
                            "--dry-run"])  # fmt: skip
@@ -129,7 +127,7 @@ def test_resume_with_a_changed_experiment_is_refused_with_the_keys(tmp_path, cap
 
 
 @pytest.mark.usefixtures("no_ray")
-def test_accept_changes_without_resume_is_refused(tmp_path, capsys):
+def test_accept_changes_without_resume_is_refused(tmp_path, capsys, tiny_file):
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--accept-changes", "--dry-run"])
     assert "--accept-changes: only applies with --resume" in err
 
@@ -147,7 +145,7 @@ BOUNDS = [
 
 @pytest.mark.usefixtures("no_ray")
 @pytest.mark.parametrize("item, fragment", BOUNDS, ids=[b[0] for b in BOUNDS])
-def test_sizes_beyond_any_machine_are_refused_at_once(tmp_path, capsys, item, fragment):
+def test_sizes_beyond_any_machine_are_refused_at_once(tmp_path, capsys, item, fragment, tiny_file):
     start = time.monotonic()
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path),
                            "--set", item])  # fmt: skip
@@ -156,7 +154,7 @@ def test_sizes_beyond_any_machine_are_refused_at_once(tmp_path, capsys, item, fr
 
 
 @pytest.mark.usefixtures("no_ray")
-def test_trial_count_is_capped_unless_lifted(tmp_path, capsys):
+def test_trial_count_is_capped_unless_lifted(tmp_path, capsys, tiny_file):
     argv = ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path), "--dry-run"]
     err = refused(capsys, [*argv, "--num-samples", "600"])  # 2 init_scales x 600
     assert "1,200 trials" in err and "--max-trials 1200" in err
@@ -167,7 +165,7 @@ def test_trial_count_is_capped_unless_lifted(tmp_path, capsys):
 
 # -- storage and addresses: refused before Ray ----------------------------------------------
 @pytest.mark.usefixtures("no_ray")
-def test_storage_path_that_is_a_file_exits_2_before_ray(tmp_path, capsys):
+def test_storage_path_that_is_a_file_exits_2_before_ray(tmp_path, capsys, tiny_file):
     f = tmp_path / "a_file"
     f.write_bytes(b"not a folder")
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path", str(f)])
@@ -186,7 +184,7 @@ ADDRESSES = [
 
 @pytest.mark.usefixtures("no_ray")
 @pytest.mark.parametrize("address, fragment", ADDRESSES, ids=[a for a, _ in ADDRESSES])
-def test_a_bad_address_exits_2_before_ray(tmp_path, capsys, address, fragment):
+def test_a_bad_address_exits_2_before_ray(tmp_path, capsys, address, fragment, tiny_file):
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path),
                            "--address", address])  # fmt: skip
     assert fragment in err
@@ -194,7 +192,7 @@ def test_a_bad_address_exits_2_before_ray(tmp_path, capsys, address, fragment):
 
 @pytest.mark.usefixtures("no_ray")
 @pytest.mark.parametrize("via", ["--address", "RAY_ADDRESS"])
-def test_a_closed_port_exits_2_within_15_s(tmp_path, capsys, monkeypatch, via):
+def test_a_closed_port_exits_2_within_15_s(tmp_path, capsys, monkeypatch, via, tiny_file):
     port = closed_port()
     argv = ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path / "s")]
     if via == "--address":
@@ -248,7 +246,7 @@ def listener():
     ids=["http server", "silent"],
 )  # fmt: skip
 def test_an_open_port_that_is_not_ray_exits_2_within_15_s(
-    tmp_path, capsys, listener, reply, fragment
+    tmp_path, capsys, listener, reply, fragment, tiny_file
 ):
     port = listener(reply)
     start = time.monotonic()
@@ -259,7 +257,7 @@ def test_an_open_port_that_is_not_ray_exits_2_within_15_s(
 
 
 @pytest.mark.usefixtures("no_ray")
-def test_address_auto_with_only_a_stale_record_exits_2(tmp_path, capsys, monkeypatch):
+def test_address_auto_with_only_a_stale_record_exits_2(tmp_path, capsys, monkeypatch, tiny_file):
     ray_tmp = tmp_path / "raytmp"
     (ray_tmp / "ray").mkdir(parents=True)
     (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{closed_port()}")
@@ -274,7 +272,7 @@ def test_address_auto_with_only_a_stale_record_exits_2(tmp_path, capsys, monkeyp
     assert "--address:" in err and "ray start --head" in err
 
 
-def test_ray_init_failures_are_one_line(tmp_path, capsys, monkeypatch):
+def test_ray_init_failures_are_one_line(tmp_path, capsys, monkeypatch, tiny_file):
     import ray
 
     def broken(*args, **kwargs):
@@ -321,7 +319,7 @@ def test_fit_tells_an_interrupted_sweep_from_a_finished_one():
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_a_damaged_experiment_state_on_resume_exits_2(tmp_path, capsys, monkeypatch):
+def test_a_damaged_experiment_state_on_resume_exits_2(tmp_path, capsys, monkeypatch, tiny_file):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     fake_run(tmp_path)  # its tuner.pkl is no pickle
     err = refused(capsys, ["--config", tiny_file(tmp_path), "--storage-path",
@@ -331,7 +329,7 @@ def test_a_damaged_experiment_state_on_resume_exits_2(tmp_path, capsys, monkeypa
 
 
 # -- failures after trials start ------------------------------------------------------------
-def test_a_trial_without_results_shows_its_id_and_root_error_without_colour(tmp_path):
+def test_a_trial_without_results_shows_its_id_and_root_error_without_colour(tmp_path, tiny_file):
     from rllib_amp import experiment as E
 
     class Cause(ValueError):
@@ -355,7 +353,7 @@ def test_a_trial_without_results_shows_its_id_and_root_error_without_colour(tmp_
 
 
 # -- the in-process Ray ---------------------------------------------------------------------
-def test_no_address_starts_its_own_ray_despite_a_stale_cluster_record(tmp_path):
+def test_no_address_starts_its_own_ray_despite_a_stale_cluster_record(tmp_path, tiny_file):
     """A `ray start` cluster that died leaves its address in Ray's temp folder; the default
     job must start a Ray of its own, not try to join that one."""
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths

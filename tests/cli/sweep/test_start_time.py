@@ -10,8 +10,6 @@ import time
 
 import pytest
 
-from tests.cli.test_tune_cli import tiny_file
-
 HEAVY = ("torch", "ray.rllib", "ray.tune")
 # Far above the measured figure (README: under 1.5 s idle on 2 cores): fails only when an
 # import of torch or RLlib creeps back in on a machine that is not overloaded.
@@ -68,7 +66,7 @@ def timed(args: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
     return time.monotonic() - start, proc
 
 
-def test_help_and_refusals_that_need_no_ray_start_fast(tmp_path):
+def test_help_and_refusals_that_need_no_ray_start_fast(tmp_path, tiny_file):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "tuner.pkl").write_bytes(b"x")
     cases = {

@@ -81,7 +81,7 @@ def test_with_amp_learner_instances_are_amp():
 
 
 def test_amp_minibatches_are_rllibs(monkeypatch):
-    """The gathered minibatches (rllib_amp.learner.minibatch) train exactly like RLlib's iterator."""
+    """The gathered minibatches (learner.minibatch) train exactly like RLlib's iterator."""
     from rllib_amp.learner import minibatch
 
     used = []

@@ -12,11 +12,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tests.cli.test_tune_cli import _results, tiny_file
-
 
 @pytest.mark.usefixtures("ray_local")
-def test_killed_trial_restores_from_its_checkpoint_and_finishes(tmp_path):
+def test_killed_trial_restores_from_its_checkpoint_and_finishes(tmp_path, tiny_file, trial_results):
     import ray
 
     config = tiny_file(tmp_path, iterations=10, scales=[1024.0])
@@ -31,7 +29,7 @@ def test_killed_trial_restores_from_its_checkpoint_and_finishes(tmp_path):
     victim = None
     while time.time() < deadline and victim is None:
         for f in glob.glob(pattern):
-            rs = _results(f)
+            rs = trial_results(f)
             if len(rs) >= 3 and not rs[-1].get("done"):
                 victim = (f, rs[-1]["pid"])
                 break
@@ -41,7 +39,7 @@ def test_killed_trial_restores_from_its_checkpoint_and_finishes(tmp_path):
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
 
-    rs = _results(victim[0])
+    rs = trial_results(victim[0])
     assert rs[-1]["training_iteration"] == 10 and rs[-1]["done"]
     restored = [r for r in rs if r["iterations_since_restore"] < r["training_iteration"]]
     assert restored, "the trial was not restored from a checkpoint"

@@ -19,7 +19,7 @@ from rllib_amp.envs.models import Uint8ImageInput
 from tests.integration.common import all_finite, learner, same, weights
 
 pytestmark = pytest.mark.usefixtures("ray_local")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 LOCAL = {
     "amp.dtype": "bfloat16",
     "resources.num_env_runners": 0,

@@ -16,7 +16,7 @@ import yaml
 
 from rllib_amp.bench import pong_learning as P
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MACHINE = "test machine"
 
 

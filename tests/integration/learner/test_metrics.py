@@ -18,10 +18,9 @@ from rllib_amp.learner import metrics as M
 from rllib_amp.learner.metrics import tag_learners_with_trial
 from rllib_amp.sweep import grafana as G
 from rllib_amp.sweep import main as tune_cli
-from tests.cli.test_tune_cli import tiny_file
 from tests.integration.common import learner, train_until_learned
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 def _scrape(url: str) -> str:
@@ -147,7 +146,7 @@ def test_dashboard_is_installed_where_rays_grafana_provisioning_reads(tmp_path, 
 
 
 def test_after_a_tiny_sweep_the_dashboards_metrics_are_on_the_prometheus_endpoint(
-    ray_metrics_url, tmp_path, capsys
+    ray_metrics_url, tmp_path, capsys, tiny_file
 ):
     """The sweep CLI on the session's Ray; the endpoint is read while and after it runs."""
     exported = sorted(f"ray_{name}" for name, _ in M.RAY_METRICS.values())

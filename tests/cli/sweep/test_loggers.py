@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from rllib_amp.sweep import main as cli
-from tests.cli.test_tune_cli import tiny_file
 
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 
@@ -33,7 +32,7 @@ def read_scalars(path: str) -> dict[str, list[float]]:
     return out
 
 
-def run_tiny(tmp_path, capsys, name: str, *flags: str) -> None:
+def run_tiny(tmp_path, tiny_file, capsys, name: str, *flags: str) -> None:
     """One tiny trial through the CLI, into tmp_path/name."""
     config = tiny_file(tmp_path, scales=(1024.0,))
     rc = cli.main(["--config", config, "--storage-path", str(tmp_path), "--name", name, *flags])
@@ -41,9 +40,9 @@ def run_tiny(tmp_path, capsys, name: str, *flags: str) -> None:
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_tensorboard_event_files_hold_the_amp_scalars(tmp_path, capsys):
+def test_tensorboard_event_files_hold_the_amp_scalars(tmp_path, tiny_file, capsys):
     pytest.importorskip("tensorboardX", reason="Tune writes TensorBoard files with tensorboardX")
-    run_tiny(tmp_path, capsys, "tb")
+    run_tiny(tmp_path, tiny_file, capsys, "tb")
     files = glob.glob(str(tmp_path / "tb" / "*" / "events.out.tfevents.*"))
     assert files
     scalars: dict[str, list[float]] = {}
@@ -66,10 +65,10 @@ def test_wandb_flag_without_wandb_exits_2_naming_the_install(tmp_path, capsys):
 
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb is not installed (pip install wandb)")
 @pytest.mark.usefixtures("ray_local")
-def test_wandb_logs_offline(tmp_path, monkeypatch, capsys):
+def test_wandb_logs_offline(tmp_path, tiny_file, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    run_tiny(tmp_path, capsys, "wb", "--wandb-project", "rllib-amp-test")
+    run_tiny(tmp_path, tiny_file, capsys, "wb", "--wandb-project", "rllib-amp-test")
     assert glob.glob(str(tmp_path / "**" / "offline-run-*"), recursive=True)
     # The run's record file (protobuf records) holds the AMP scalars' keys.
     records = glob.glob(str(tmp_path / "**" / "offline-run-*" / "run-*.wandb"), recursive=True)

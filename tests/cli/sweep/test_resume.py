@@ -17,7 +17,6 @@ import pytest
 from rllib_amp.cli import UsageError
 from rllib_amp.sweep import main as cli
 from rllib_amp.sweep import resume as R
-from tests.cli.test_tune_cli import tiny_file
 
 PROG = "python -m rllib_amp.tune: error: "
 STAMPED = re.compile(r"tiny_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d(_\d+)?")
@@ -97,7 +96,7 @@ def test_resume_without_name_and_no_run_exits_2_naming_the_fix(tmp_path):
         R.choose_name("tiny", str(tmp_path / "empty"), name=None, resume=True)
 
 
-def test_an_explicit_name_in_use_is_refused_before_ray_loads(tmp_path):
+def test_an_explicit_name_in_use_is_refused_before_ray_loads(tmp_path, tiny_file):
     """In a fresh process: exit 2, one line naming --resume, another --name and the default,
     the run left as it was, and neither RLlib nor torch imported to say so."""
     make_run(tmp_path, "mine")
@@ -118,7 +117,7 @@ def test_an_explicit_name_in_use_is_refused_before_ray_loads(tmp_path):
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_running_the_same_command_twice_keeps_both_runs(tmp_path, capsys):
+def test_running_the_same_command_twice_keeps_both_runs(tmp_path, capsys, tiny_file):
     config = tiny_file(tmp_path, iterations=1, scales=[1024.0])  # one trial
     argv = ["--config", config, "--storage-path", str(tmp_path / "store")]
     assert cli.main(argv) == 0

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pyarrow.parquet as pq
@@ -19,34 +17,10 @@ import yaml
 
 from rllib_amp.sweep import main as cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TINY = """
-# a tiny sweep for tests
-algorithm: PPO
-env: CartPole-v1
-model: {{fcnet_hiddens: [16]}}
-amp: {{dtype: float16}}
-training: {{train_batch_size_per_learner: 200, minibatch_size: 100, num_epochs: 1}}
-resources: {{num_env_runners: 0}}
-search:
-  amp.init_scale: {{grid: {scales}}}
-  amp.growth_interval: {{choice: [5, 2000]}}
-  training.train_batch_size_per_learner: {{choice: [100, 200]}}
-tune: {{max_concurrent_trials: 1}}
-stop: {{training_iteration: {iterations}}}
-checkpoint: {{frequency: 1, num_to_keep: 2}}
-seed: 0
-"""
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
-def tiny_file(tmp_path, iterations=2, scales=(1024.0, 65536.0)):
-    p = tmp_path / "tiny.yaml"
-    p.write_text(textwrap.dedent(TINY.format(iterations=iterations, scales=list(scales))))
-    return str(p)
-
-
-def test_dry_run_prints_config_and_space_and_runs_nothing(tmp_path, capsys):
+def test_dry_run_prints_config_and_space_and_runs_nothing(tmp_path, capsys, tiny_file):
     rc = cli.main(["--config", tiny_file(tmp_path), "--dry-run", "--storage-path", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
@@ -88,7 +62,7 @@ BAD_ARGS = [
 
 
 @pytest.mark.parametrize("args, fragment", BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
-def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, args, fragment):
+def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, args, fragment, tiny_file):
     rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path), *args])
     err = capsys.readouterr().err
     assert rc == 2
@@ -112,7 +86,7 @@ def test_bad_flags_in_a_real_process_exit_2_without_traceback(tmp_path):
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys):
+def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys, tiny_file):
     rc = cli.main(
         ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path), "--name", "e2e"]
     )
@@ -140,22 +114,10 @@ def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys):
     assert recommended["amp"]["init_scale"] == table[0]["settled_scale"]
 
 
-def _results(path):
-    """The trial's result lines; a last line Tune is still writing is left out."""
-    with open(path, encoding="utf-8") as f:
-        lines = [line for line in f if line.strip()]
-    out = []
-    for i, line in enumerate(lines):
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise
-    return out
-
-
 @pytest.mark.usefixtures("ray_local")
-def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(tmp_path):
+def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
+    tmp_path, tiny_file, trial_results
+):
     import ray
 
     config = tiny_file(tmp_path, iterations=12)
@@ -170,7 +132,7 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     deadline = time.time() + 300
     done, running = [], []
     while time.time() < deadline:
-        files = {f: _results(f) for f in glob.glob(pattern)}
+        files = {f: trial_results(f) for f in glob.glob(pattern)}
         done = [f for f, rs in files.items() if rs and rs[-1].get("done")]
         # At least 3 results: two checkpoints saved (checkpoint frequency 1, keep 2).
         running = [f for f, rs in files.items() if len(rs) >= 3 and not rs[-1].get("done")]
@@ -182,7 +144,7 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     assert proc.wait(timeout=120) == 130  # interrupted: exit 130, the summary, a --resume hint
     log.close()
     assert "--resume" in (tmp_path / "first.log").read_text()
-    finished = {f: len(_results(f)) for f in done}
+    finished = {f: len(trial_results(f)) for f in done}
     kept = {c for f in done for c in glob.glob(os.path.join(os.path.dirname(f), "checkpoint_*"))}
     assert kept, "finished trials have no checkpoint"
     # The interrupted trial's latest checkpoint is damaged (a save cut short): --resume
@@ -202,14 +164,14 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     assert any(older in line and latest in line for line in warning), out.stderr[-3000:]
     assert os.path.isdir(latest + ".damaged")  # kept aside, not deleted
     for f, n in finished.items():
-        assert len(_results(f)) == n, f"finished trial {f} ran again"
+        assert len(trial_results(f)) == n, f"finished trial {f} ran again"
     for c in kept:  # no checkpoint of a finished trial was lost
         assert os.path.isdir(c), c
     table = pq.read_table(str(tmp_path / "resume" / "results.parquet")).to_pylist()
     assert len(table) == 2 and all(r["status"] == "DONE" for r in table)
     # The interrupted trial continued from its checkpoint with its scaler state: the AMP
     # step counter kept counting instead of restarting from zero.
-    rs = _results(running[0])
+    rs = trial_results(running[0])
     assert any(r["iterations_since_restore"] < r["training_iteration"] for r in rs)
     steps = [r["learners"]["default_policy"]["amp_optimizer_steps_lifetime"] for r in rs]
     iters = [r["training_iteration"] for r in rs]
@@ -225,7 +187,7 @@ def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
 
 # -- storage --------------------------------------------------------------------------------
 def test_storage_flag_wins_over_the_file_which_wins_over_the_environment(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, tiny_file
 ):
     config = tmp_path / "tiny.yaml"
     tiny_file(tmp_path)  # writes config
@@ -249,7 +211,7 @@ def test_storage_flag_wins_over_the_file_which_wins_over_the_environment(
     )
 
 
-def test_unwritable_storage_exits_2_and_keeps_what_is_there(tmp_path, capsys):
+def test_unwritable_storage_exits_2_and_keeps_what_is_there(tmp_path, capsys, tiny_file):
     precious = tmp_path / "results.parquet"
     precious.write_bytes(b"earlier results")
     rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", str(precious / "x")])
@@ -258,7 +220,7 @@ def test_unwritable_storage_exits_2_and_keeps_what_is_there(tmp_path, capsys):
     assert precious.read_bytes() == b"earlier results"
 
 
-def test_resume_from_a_uri_without_an_experiment_exits_2(tmp_path, capsys):
+def test_resume_from_a_uri_without_an_experiment_exits_2(tmp_path, capsys, tiny_file):
     from tests.cluster.s3 import moto_s3
 
     with moto_s3() as s3:
@@ -278,7 +240,7 @@ def test_resume_from_a_uri_without_an_experiment_exits_2(tmp_path, capsys):
         (["resources.num_learners=1", "resources.num_gpus_per_learner=64"], "and 64 GPUs"),
     ],
 )
-def test_infeasible_trial_on_a_local_ray_exits_2_within_30_s(tmp_path, sets, needs):
+def test_infeasible_trial_on_a_local_ray_exits_2_within_30_s(tmp_path, sets, needs, tiny_file):
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "rllib_amp.tune", "--config", tiny_file(tmp_path),
            "--storage-path", str(store)]  # fmt: skip
@@ -305,7 +267,7 @@ def test_infeasible_trial_on_a_local_ray_exits_2_within_30_s(tmp_path, sets, nee
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(tmp_path):
+def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(tmp_path, tiny_file):
     """With --address the CLI does not judge resources: an autoscaler may add the nodes, so
     a trial that does not fit now is PENDING, not an error."""
     import ray
@@ -328,7 +290,7 @@ def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(tmp_path):
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_infeasible_gpu_request_on_the_in_process_ray_exits_2(tmp_path, capsys):
+def test_infeasible_gpu_request_on_the_in_process_ray_exits_2(tmp_path, capsys, tiny_file):
     rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path / "s"),
                    "--set", "resources.num_gpus_per_learner=1"])  # fmt: skip
     err = capsys.readouterr().err
@@ -337,7 +299,7 @@ def test_infeasible_gpu_request_on_the_in_process_ray_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_fit_to_machine_runs_what_would_not_fit(tmp_path, capsys):
+def test_fit_to_machine_runs_what_would_not_fit(tmp_path, capsys, tiny_file):
     rc = cli.main(["--config", tiny_file(tmp_path, scales=[1024.0]), "--storage-path",
                    str(tmp_path), "--name", "fit", "--fit-to-machine",
                    "--set", "resources.num_gpus_per_learner=1",
