@@ -1,4 +1,4 @@
-"""``python -m rllib_amp.params``: each model preset's parameter count (``rllib_amp.envs.params``)."""
+"""``python -m rllib_amp.params``: each model preset's parameter count (see envs/params.py)."""
 
 import sys
 
