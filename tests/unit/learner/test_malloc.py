@@ -13,12 +13,16 @@ import pytest
 from rllib_amp.learner import malloc
 
 # Allocates and frees a 64 MiB tensor (above glibc's largest default mmap threshold) a few
-# times, like the buffers of a CPU update, and counts the page faults that cost.
+# times, like the buffers of a CPU update, and counts the page faults that cost. The probe
+# loads what a learner process has loaded (RLlib's PPO learner): in a process holding torch
+# alone the heap cannot grow in place and the tuned thresholds save nothing (81,920 faults
+# either way), so a bare probe would measure a process no learner runs in.
 PROBE = textwrap.dedent(
     """
     import json, resource, sys
+    import ray.rllib.algorithms.ppo.torch.ppo_torch_learner
     import torch
-    from rllib_amp import malloc
+    from rllib_amp.learner import malloc
     tuned = malloc.tune_cpu_malloc() if sys.argv[1] == "tune" else False
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
