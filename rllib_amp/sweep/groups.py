@@ -117,7 +117,7 @@ class Group:
 
     def label(self) -> str:
         """``init_scale=1024, growth_interval=10``: the setting in words."""
-        return ", ".join(f"{_short(k)}={_plain(v)}" for k, v in self.values.items()) or "all"
+        return ", ".join(f"{_leaf(k)}={_plain(v)}" for k, v in self.values.items()) or "all"
 
     def as_row(self, metric_name: str) -> dict[str, Any]:
         """The group as one row of ``groups.parquet``."""
@@ -286,10 +286,10 @@ def finding(groups: Sequence[Group]) -> str:
         spans = sorted(envelopes.items(), key=lambda kv: kv[1][0])
         if all(a[1][1] < b[1][0] for a, b in zip(spans, spans[1:])):
             parts = " vs ".join(f"{_plain(v)}: {_span(lo, hi)}{unit}" for v, (lo, hi) in spans)
-            deciding.append(f"{_short(key)} decides ({parts})")
+            deciding.append(f"{_leaf(key)} decides ({parts})")
     tied = [g for g in ranked if g.tied]
     if deciding:
-        rest = [_short(k) for k in keys if not any(d.startswith(_short(k)) for d in deciding)]
+        rest = [_leaf(k) for k in keys if not any(d.startswith(_leaf(k)) for d in deciding)]
         line = "; ".join(deciding)
         if rest:
             line += f"; {', '.join(rest)} {'does' if len(rest) == 1 else 'do'} not separate"
@@ -311,8 +311,8 @@ def finding(groups: Sequence[Group]) -> str:
 
 def _span(lo: float, hi: float) -> str:
     if lo == hi:
-        return _fmt(lo)
-    return f"{_fmt(lo)} to {_fmt(hi)}" if lo < 0 else f"{_fmt(lo)}-{_fmt(hi)}"
+        return _compact(lo)
+    return f"{_compact(lo)} to {_compact(hi)}" if lo < 0 else f"{_compact(lo)}-{_compact(hi)}"
 
 
 def interval_text(i: Interval) -> str:
@@ -324,11 +324,11 @@ def _interval_text(i: Interval) -> str:
     if i.mean is None:
         return "-"
     if i.lo is None or i.hi is None:
-        return f"{_fmt(i.mean)} (1 run)"
-    return f"{_fmt(i.mean)} [{_fmt(i.lo)}, {_fmt(i.hi)}]"
+        return f"{_compact(i.mean)} (1 run)"
+    return f"{_compact(i.mean)} [{_compact(i.lo)}, {_compact(i.hi)}]"
 
 
-def _short(key: str) -> str:
+def _leaf(key: str) -> str:
     return key.split(".")[-1]
 
 
@@ -341,7 +341,8 @@ def _plain(v: Any) -> str:
     return str(v)
 
 
-def _fmt(v: Any) -> str:
+def _compact(v: Any) -> str:
+    """Numbers as the group table shows them: 19.5k, 0.069, 28."""
     if v is None:
         return "-"
     if isinstance(v, bool) or not is_number(v):
@@ -362,7 +363,7 @@ def format_table(groups: Sequence[Group], metric: str) -> str:
         return "(no trials)"
     name = metric.split("/")[-1]
     keys = list(groups[0].values)
-    cols = ["rank", *(_short(k) for k in keys), "seeds", f"{name} mean [95% CI]"]
+    cols = ["rank", *(_leaf(k) for k in keys), "seeds", f"{name} mean [95% CI]"]
     with_steps = groups[0].steps is not None
     if with_steps:
         cols += ["steps to target [95% CI]", "reached"]
@@ -375,7 +376,7 @@ def format_table(groups: Sequence[Group], metric: str) -> str:
             cells += [_interval_text(g.steps), f"{g.reached}/{len(g.trials)}"]
         frac = "-" if g.skip_fraction is None else f"{100 * g.skip_fraction:.1f}%"
         mark = "best" if g.rank == 1 else ("tied" if g.tied else "")
-        cells += [frac, _fmt(g.skipped_steps), _plain(g.settled_scale), mark]
+        cells += [frac, _compact(g.skipped_steps), _plain(g.settled_scale), mark]
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
@@ -401,14 +402,14 @@ def of_experiment(exp: Any, rows: Sequence[Mapping[str, Any]]) -> list[Group]:
 
 
 def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str) -> list[Group]:
-    """Prints the per-setting summary and what the sweep found, writes ``groups.parquet`` and
-    ``sweep.png`` into ``exp_dir`` (a path or URI) and prints where; returns the groups.
+    """Prints the per-setting summary and what the sweep found, writes ``groups.parquet``
+    into ``exp_dir`` (a path or URI) and prints where; returns the groups (``figure.report``
+    draws them).
 
-    ``rows``: ``summary.summarize``'s per-trial rows; ``grid``: Tune's ResultGrid (the
-    figure reads each trial's result history from it).
+    ``rows``: ``summary.summarize``'s per-trial rows; ``grid``: Tune's ResultGrid.
     """
-    from rllib_amp.sweep import figure, summary
     from rllib_amp.sweep import storage as S
+    from rllib_amp.sweep import summary
 
     groups = of_experiment(exp, rows)
     metric = exp.tune["metric"]
@@ -420,5 +421,4 @@ def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str)
     location = S.join(exp_dir, FILE)
     summary.write_parquet([g.as_row(metric) for g in groups], location)
     print(f"Groups: {location}")
-    print(figure.report(exp, groups, grid, exp_dir))
     return groups

@@ -290,7 +290,7 @@ def _report(
 ) -> int:
     """Prints the trials, the best checkpoint and the recommendation, writes results.parquet;
     the exit status: 0 all done, 1 a trial failed or did not finish, 130 interrupted."""
-    from rllib_amp.sweep import groups, recommend, summary
+    from rllib_amp.sweep import figure, groups, recommend, summary
 
     exp_dir = S.join(storage, name)
     rows = summary.summarize(exp, grid, storage)
@@ -309,7 +309,7 @@ def _report(
     best = next((r for r in rows if r["status"] == "DONE" and r["checkpoint"]), None)
     print(f"Best trial checkpoint: {best['checkpoint'] if best else '-'}")
     print(f"Results: {parquet}")
-    groups.report(exp, rows, grid, exp_dir)
+    print(figure.report(exp, groups.report(exp, rows, grid, exp_dir), grid, exp_dir))
     recommend.report(exp, rows, grid, exp_dir)
     failed = [r for r in rows if r["status"] == "ERROR"]
     unfinished = [r for r in rows if r["status"] == "UNFINISHED"]

@@ -39,6 +39,7 @@ from rllib_amp.checks import is_number
 from rllib_amp.settings import AmpSettings
 from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.groups import SINGLE_RUN, Group, interval_text, single_seed
+from rllib_amp.sweep.summary import format_value
 
 FILE = "recommended_amp.yaml"
 # Keys always written; the others only when they differ from AmpSettings' defaults.
@@ -147,7 +148,7 @@ def _stat_text(g: Group, metric: str) -> str:
 
 def _skips(g: Group) -> str:
     frac = "-" if g.skip_fraction is None else f"{100 * g.skip_fraction:.1f}%"
-    return f"{_fmt(g.skipped_steps)} skipped steps ({frac} of updates)"
+    return f"{format_value(g.skipped_steps)} skipped steps ({frac} of updates)"
 
 
 def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:
@@ -169,22 +170,12 @@ def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:
             text += (
                 f"; its scale swung least over its last quarter (log2 range "
                 f"{chosen.scale_swing:g}, against "
-                + ", ".join(f"{_fmt(g.scale_swing)}" for g in same)
+                + ", ".join(f"{format_value(g.scale_swing)}" for g in same)
                 + ")"
             )
     else:
         text += f"; {_skips(chosen)}"
     return text
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return f"{v:,.0f}"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return "-" if v is None else str(v)
 
 
 def write(rec: Recommendation, exp_dir: str) -> str:

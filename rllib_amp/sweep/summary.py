@@ -231,7 +231,13 @@ def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:
     return S.to_uri(storage, checkpoint.path) if storage else checkpoint.path
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A table cell or a number in a sentence: whole numbers with thousands separators.
+
+    Example:
+        >>> [format_value(v) for v in (None, float("nan"), 19500.0, 1234.56, 0.06931, 28, "x")]
+        ['-', 'nan', '19,500', '1,234.6', '0.06931', '28', 'x']
+    """
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -240,6 +246,8 @@ def _fmt(v: Any) -> str:
         if v.is_integer() and abs(v) < 1e15:
             return f"{v:,.0f}"
         return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
     return str(v)
 
 
@@ -262,7 +270,7 @@ def format_table(exp: Any, rows: list[dict[str, Any]]) -> str:
         ("status", "status"),
     ]
     table = [[title for _, title in cols]]
-    table += [[_fmt(r.get(key)) for key, _ in cols] for r in rows]
+    table += [[format_value(r.get(key)) for key, _ in cols] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -278,8 +286,8 @@ def target_line(exp: Any, rows: Sequence[dict[str, Any]], threshold: float) -> s
         return f"No trial reached {metric} >= {threshold:g} within the stop's budget."
     return (
         f"{len(steps)} of {len(rows)} trials reached {metric} >= {threshold:g}: in "
-        f"{_fmt(steps[0])} to {_fmt(steps[-1])} env steps "
-        f"(median {_fmt(statistics.median(steps))})."
+        f"{format_value(steps[0])} to {format_value(steps[-1])} env steps "
+        f"(median {format_value(statistics.median(steps))})."
     )
 
 
