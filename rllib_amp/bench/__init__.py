@@ -29,7 +29,7 @@ RLlib as it ships and the reference of their ratios):
   6. end-to-end env steps/s of PPO (target) and APPO (reported) on Pong;
   7. DQN replay-buffer bytes per stored transition (with --algos including DQN);
   8. peak memory of a learner update per path variant.
-The issue's targets (``report.TARGETS``) print under the table as measured ratios, met or not.
+The Atari path's targets (``report.TARGETS``) print under the table as measured ratios, met or not.
 
 Each throughput cell and the end-to-end figure run in a fresh process (``harness``), and
 within it every variant runs interleaved, so the variants share one process: rllib-amp's CPU

@@ -10,7 +10,7 @@ Each compares RLlib's Python Atari wrappers (float32 observations) with the nati
   - replay bytes: numpy bytes a DQN replay buffer holds per stored transition;
   - peak memory of a learner update per ``PATH_VARIANTS`` entry (``figures.memory_one``).
 
-``report.targets`` turns them into the issue's ratios.
+``report.targets`` turns them into the targets' ratios.
 
 Example:
     >>> bench_sampling(2, measure=lambda path, *a: 3.0 if path == "native" else 1.0)

@@ -26,9 +26,8 @@ from rllib_amp.bench.workloads import (
 )
 
 # Untimed rounds of every variant before the timed ones: the first builds lazy state and
-# picks kernels. With one round, the first two of seven timed AMP repetitions of PPO full
-# came out about 30% slower than the other five (2026-11-30); steady state is what a long
-# training run sees.
+# picks kernels. With one round, the first timed AMP repetitions of PPO full come out
+# markedly slower than the rest; steady state is what a long training run sees.
 WARMUP_ROUNDS = 2
 # End to end: the local EnvRunner steps this many Pong envs, so each action computation is
 # one forward pass over all of them (RLlib's way of batching inference).

@@ -56,8 +56,8 @@ def _child_entry(fn: Callable[..., Any], args: tuple, shown: set[str], queue: An
 
 def in_child(fn: Callable[..., Any], *args: Any, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
     """``fn(*args)`` in a fresh (spawned) process: no heap, caches or Ray state from the
-    figures before it. In one long process the end-to-end AMP figure came out at 1.19x,
-    in a fresh one 1.42x (2026-11-30).
+    figures before it: in one long process the end-to-end AMP figure comes out lower (see
+    docs/benchmark.md).
 
     ``timeout_s``: how long the child may take (a learning run takes hours, a figure minutes).
     RLlib's once-per-process messages travel both ways, so each appears once per run and

@@ -170,7 +170,7 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
 
 # -- targets ----------------------------------------------------------------------------------
 class Target(NamedTuple):
-    """One of the issue's targets: ``measured`` (a ratio of two figures of one run) against
+    """One of the Atari path's targets: ``measured`` (a ratio of two figures of one run) against
     ``bound``; ``at_most``: the ratio must be <= bound (< when ``strict``), else >=."""
 
     name: str
