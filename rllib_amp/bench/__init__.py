@@ -43,8 +43,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from rllib_amp.lazy import lazy_exports
 
 # Exported name -> the module that defines it. Loaded on first use: each module pulls in
 # torch and RLlib, which ``python -m rllib_amp.bench --help`` does not need.
@@ -79,14 +79,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rllib_amp.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

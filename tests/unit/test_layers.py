@@ -19,7 +19,7 @@ PACKAGE = "rllib_amp"
 
 # Lowest first. A module may import its own layer and any layer before it in this list.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("checks", "cli", "log_events", "fs", "checkpoint_files", "settings")),
+    ("base", ("checks", "cli", "lazy", "log_events", "fs", "checkpoint_files", "settings")),
     ("scaling", ("scaling",)),
     ("checkpoints", ("checkpoints",)),
     ("learner", ("learner",)),
