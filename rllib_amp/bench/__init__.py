@@ -43,7 +43,6 @@ Example:
 
 from __future__ import annotations
 
-
 from rllib_amp.lazy import lazy_exports
 
 # Exported name -> the module that defines it. Loaded on first use: each module pulls in
