@@ -22,7 +22,7 @@ writes ``learning.png`` and ``table.md`` there.
 
 Example:
     >>> rows = [{"run": "r", "path": "amp-native", "seed": 0, "env_steps": s,
-    ...          "seconds": s / 100, "return": r}
+    ...          "seconds": s / 100, "return": r, "episodes": 20}
     ...         for s, r in [(5e5, -21.0), (1e6, -5.0), (1.5e6, 1.0), (2e6, 19.0)]]
     >>> m = run_milestones(rows)
     >>> m["return_at_1M"], m["steps_to_0"], m["steps_to_18"]
@@ -71,7 +71,9 @@ TRAINING: dict[str, Any] = {
 }
 LR_START = 2.5e-4
 NUM_ENVS = 16
-# Episodes in the reported mean return (RLlib's smoothing window; its default is 100).
+# Episodes in the mean return the milestones and the figure use. RLlib's "return" of an
+# iteration is the mean over the episodes that ended in it (none, one or a few for 16 Pong
+# envs and 1,024 steps), so the window is computed here from each iteration's mean and count.
 RETURN_WINDOW = 20
 # One run may take this long (3M steps on 2 CPU cores: a few hours).
 RUN_TIMEOUT_S = 24 * 3600.0
@@ -89,6 +91,7 @@ COLUMNS = {
     "env_steps": "float64",
     "seconds": "float64",
     "return": "float64",
+    "episodes": "int64",
     "date": "string",
     "machine": "string",
 }
@@ -180,7 +183,6 @@ def build_config(path: str, seed: int, steps: int, device: str, batch: int | Non
         training["minibatch_size"] = min(training["minibatch_size"], batch)
     cfg = path_configs("PPO", [PATHS[path]], device, training=training)[PATHS[path]]
     cfg.env_runners(num_envs_per_env_runner=NUM_ENVS)
-    cfg.reporting(metrics_num_episodes_for_smoothing=RETURN_WINDOW)
     cfg.debugging(seed=seed)
     return cfg
 
@@ -222,6 +224,7 @@ def train_one(
             ran += 1
             done = float(result["num_env_steps_sampled_lifetime"])
             ret = float(result["env_runners"].get(RETURN_KEY, math.nan))
+            episodes = int(result["env_runners"].get("num_episodes", 0) or 0)
             point = {
                 "run": run,
                 "path": path,
@@ -230,6 +233,7 @@ def train_one(
                 "env_steps": done,
                 "seconds": offset_s + time.perf_counter() - start,
                 "return": ret,
+                "episodes": episodes,
                 "date": datetime.date.today().isoformat(),
                 "machine": machine,
             }
@@ -252,22 +256,56 @@ def _finite(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in rows if r["return"] is not None and not math.isnan(r["return"])]
 
 
+def smoothed(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The mean return of the last RETURN_WINDOW episodes after each iteration in which one
+    ended (``full``: the window holds that many). An iteration's mean stands for each of its
+    ``episodes`` (one where the count was not recorded).
+
+    Example:
+        >>> rows = [{"env_steps": 1.0, "seconds": 1.0, "return": -21.0, "episodes": 15},
+        ...         {"env_steps": 2.0, "seconds": 2.0, "return": -11.0, "episodes": 10}]
+        >>> [(p["return"], p["full"]) for p in smoothed(rows)]
+        [(-21.0, False), (-16.0, True)]
+    """
+    out: list[dict[str, Any]] = []
+    window: list[tuple[float, int]] = []  # (mean return, episodes), oldest first
+    for r in _finite(sorted(rows, key=lambda r: r["env_steps"])):
+        window.append((float(r["return"]), int(r.get("episodes") or 1)))
+        total, weighted = 0, 0.0
+        for mean, n in reversed(window):
+            take = min(n, RETURN_WINDOW - total)
+            total += take
+            weighted += take * mean
+            if total == RETURN_WINDOW:
+                break
+        out.append(
+            {
+                "env_steps": r["env_steps"],
+                "seconds": r["seconds"],
+                "return": weighted / total,
+                "full": total == RETURN_WINDOW,
+            }
+        )
+    return out
+
+
 def run_milestones(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One run's figures: the mean return of the last RETURN_WINDOW episodes at the first
     iteration at or past 1M, 2M and 3M env steps; env steps and seconds to first reach 0 and
-    +18; the final point. None where the run never got there."""
+    +18 with that mean; its final value. None where the run never got there (or the window
+    never filled)."""
     rows = sorted(rows, key=lambda r: r["env_steps"])
-    finite = _finite(rows)
+    points = [p for p in smoothed(rows) if p["full"]]
     out: dict[str, Any] = {
         "env_steps": rows[-1]["env_steps"] if rows else 0.0,
         "seconds": rows[-1]["seconds"] if rows else 0.0,
-        "final": finite[-1]["return"] if finite else None,
+        "final": points[-1]["return"] if points else None,
     }
     for m in MILESTONE_STEPS:
-        at = next((r for r in finite if r["env_steps"] >= m), None)
+        at = next((p for p in points if p["env_steps"] >= m), None)
         out[f"return_at_{m // 1_000_000}M"] = at["return"] if at else None
     for target in MILESTONE_RETURNS:
-        hit = next((r for r in finite if r["return"] >= target), None)
+        hit = next((p for p in points if p["return"] >= target), None)
         out[f"steps_to_{target:g}"] = hit["env_steps"] if hit else None
         out[f"seconds_to_{target:g}"] = hit["seconds"] if hit else None
     return out
@@ -296,7 +334,9 @@ def compare_at(
     there: no worse when the mean is at least the reference's minus the larger half-range.
 
     Example:
-        >>> mk = lambda p, s, r: [{"path": p, "seed": s, "env_steps": 1e6, "return": r}]
+        >>> mk = lambda p, s, r: [
+        ...     {"path": p, "seed": s, "env_steps": 1e6, "seconds": 1, "return": r, "episodes": 20}
+        ... ]
         >>> runs = {("d", AMP, 0): mk(AMP, 0, -10.0), ("d", AMP, 1): mk(AMP, 1, -14.0),
         ...         ("d", FP32_NATIVE, 0): mk(FP32_NATIVE, 0, -11.0),
         ...         ("d", FP32_NATIVE, 1): mk(FP32_NATIVE, 1, -12.0)}
@@ -308,8 +348,8 @@ def compare_at(
     def values(p: str) -> list[float]:
         vals = []
         for (_, q, _), rows in runs.items():
-            at = next((r for r in _finite(sorted(rows, key=lambda r: r["env_steps"]))
-                       if r["env_steps"] >= steps), None)  # fmt: skip
+            at = next((p for p in smoothed(rows) if p["full"] and p["env_steps"] >= steps),
+                      None)  # fmt: skip
             if q == p and at is not None:
                 vals.append(float(at["return"]))
         return vals
@@ -367,16 +407,20 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
     colors = {STOCK: "tab:gray", FP32_NATIVE: "tab:blue", AMP: "tab:red"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for (date, path, seed), run_rows in group_runs(rows).items():
-        pts = sorted(_finite(run_rows), key=lambda r: r["env_steps"])
-        style = {"color": colors.get(path, "black"), "alpha": 0.85, "linewidth": 1.2}
+        raw = _finite(run_rows)
+        pts = smoothed(run_rows)
+        color = colors.get(path, "black")
         label = f"{path}, seed {seed} ({date})"
-        axes[0].plot(
-            [r["env_steps"] for r in pts], [r["return"] for r in pts], label=label, **style
+        axes[0].scatter(
+            [r["env_steps"] for r in raw], [r["return"] for r in raw], s=2, color=color, alpha=0.2
         )
-        axes[1].plot([r["seconds"] / 3600 for r in pts], [r["return"] for r in pts], **style)
+        axes[0].plot(
+            [p["env_steps"] for p in pts], [p["return"] for p in pts], label=label, color=color
+        )
+        axes[1].plot([p["seconds"] / 3600 for p in pts], [p["return"] for p in pts], color=color)
     axes[0].set_xlabel("env steps")
     axes[1].set_xlabel("wall-clock hours")
-    axes[0].set_ylabel(f"mean return, last {RETURN_WINDOW} episodes")
+    axes[0].set_ylabel(f"return (dots: per iteration; line: last {RETURN_WINDOW} episodes)")
     for ax in axes:
         ax.axhline(0, color="black", linewidth=0.5)
         ax.set_ylim(-21.5, 21.5)
@@ -388,13 +432,9 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
     return True
 
 
-def write_report(folder: str) -> list[str]:
-    """learning.png and table.md in ``folder``, from every parquet under it."""
-    rows = read_rows(folder)
-    if not rows:
-        raise UsageError(f"--plot-only: no curve rows in any *.parquet under {folder!r}")
-    written = []
-    md = os.path.join(folder, "table.md")
+def report_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """table.md's text: the table of every run, and AMP against float32 at 1M env steps when
+    both have two seeds or more there."""
     lines = [table(rows)]
     c = compare_at(group_runs(rows), 1_000_000)
     if c is not None:
@@ -404,9 +444,18 @@ def write_report(folder: str) -> list[str]:
             f"({', '.join(f'{v:.1f}' for v in c['reference_values'])}): "
             f"{'no worse' if c['no_worse'] else 'WORSE'} beyond the seed spread."
         )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(folder: str) -> list[str]:
+    """learning.png and table.md in ``folder``, from every parquet under it."""
+    rows = read_rows(folder)
+    if not rows:
+        raise UsageError(f"--plot-only: no curve rows in any *.parquet under {folder!r}")
+    md = os.path.join(folder, "table.md")
     with open(md, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    written.append(md)
+        f.write(report_text(rows))
+    written = [md]
     png = os.path.join(folder, "learning.png")
     if plot(rows, png):
         written.append(png)

@@ -20,10 +20,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 MACHINE = "test machine"
 
 
-def _rows(run: str, path: str, seed: int, points, date="2026-12-01"):
+def _rows(run: str, path: str, seed: int, points, date="2026-12-01", episodes=20):
     return [
         {"run": run, "path": path, "seed": seed, "iteration": i + 1, "env_steps": s,
-         "seconds": t, "return": r, "date": date, "machine": MACHINE}
+         "seconds": t, "return": r, "episodes": episodes, "date": date, "machine": MACHINE}
         for i, (s, t, r) in enumerate(points)
     ]  # fmt: skip
 
@@ -82,6 +82,16 @@ def test_milestones_returns_at_1m_2m_3m_and_steps_and_time_to_0_and_18():
     assert m["final"] == 18.5
     never = P.run_milestones(_rows("q", P.AMP, 1, [(1e5, 10.0, -21.0)]))
     assert never["return_at_1M"] is None and never["steps_to_0"] is None
+
+
+def test_milestones_use_the_last_20_episodes_not_one_lucky_game():
+    # One episode per iteration: a single +18 game among losses is no +18 agent.
+    points = [(1e5 * i, 10.0 * i, -20.0) for i in range(1, 31)] + [(3.1e6, 310.0, 18.0)]
+    m = P.run_milestones(_rows("w", P.AMP, 0, points, episodes=1))
+    assert m["steps_to_18"] is None and m["final"] == pytest.approx((19 * -20.0 + 18.0) / 20)
+    assert m["return_at_1M"] == -20.0
+    # Before 20 episodes have ended the window is not full, and nothing counts.
+    assert P.run_milestones(_rows("v", P.AMP, 0, [(1e6, 1.0, 5.0)], episodes=3))["final"] is None
 
 
 def test_amp_against_fp32_at_1m_uses_the_seed_spread():
@@ -181,3 +191,18 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_gap_or_duplicate(tmp_p
     assert steps == sorted(set(steps)) and steps[-1] >= 2048
     assert all(b - a <= 2 * 128 for a, b in zip(steps, steps[1:]))  # no gap
     assert (out / "learning.png").exists() or "matplotlib" not in sys.modules
+
+
+def test_the_committed_pong_evidence_is_built_from_its_parquet_files():
+    # docs/pong/ holds every run's curve; its table and docs/pong.md's copy of it are what
+    # --plot-only builds from those files, so a figure in the docs cannot drift from the data.
+    folder = os.path.join(ROOT, "docs", "pong")
+    rows = P.read_rows(folder)
+    assert rows, "docs/pong/ holds no curve"
+    assert {r["path"] for r in rows} <= set(P.PATHS)
+    expected = P.report_text(rows)
+    with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
+        assert f.read() == expected
+    with open(os.path.join(ROOT, "docs", "pong.md"), encoding="utf-8") as f:
+        assert expected.strip() in f.read()
+    assert os.path.exists(os.path.join(folder, "learning.png"))
