@@ -21,12 +21,8 @@ wall-clock axis is the point), appends a row to ``OUT/curves.parquet`` after eve
 writes ``learning.png`` and ``table.md`` there.
 
 Example:
-    >>> rows = [{"run": "r", "path": "amp-native", "seed": 0, "env_steps": s,
-    ...          "seconds": s / 100, "return": r, "episodes": 20}
-    ...         for s, r in [(5e5, -21.0), (1e6, -5.0), (1.5e6, 1.0), (2e6, 19.0)]]
-    >>> m = run_milestones(rows)
-    >>> m["return_at_1M"], m["steps_to_0"], m["steps_to_18"]
-    (-5.0, 1500000.0, 2000000.0)
+    >>> lr_schedule(3_000_000)
+    [[0, 0.00025], [3000000, 0.0]]
 """
 
 from __future__ import annotations
@@ -38,18 +34,23 @@ import json
 import math
 import os
 import shutil
-import statistics
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from rllib_amp.bench.pong_curves import (
+    AMP,
+    FP32_NATIVE,
+    STOCK,
+    read_rows,
+    table,
+    write_report,
+    write_rows,
+)
 from rllib_amp.cli import Parser, UsageError, main_wrapper
 
 PROG = "python -m rllib_amp.bench.pong_learning"
-STOCK = "stock"
-FP32_NATIVE = "fp32-native"
-AMP = "amp-native"
 # Path name -> the Atari-path variant of rllib_amp.bench (workloads.PATH_VARIANTS).
 PATHS = {STOCK: "fp32 wrappers", FP32_NATIVE: "fp32 native", AMP: "amp native"}
 # tune_configs/pong_ppo_amp.yaml's training section without its lr schedule (a test keeps the
@@ -71,30 +72,11 @@ TRAINING: dict[str, Any] = {
 }
 LR_START = 2.5e-4
 NUM_ENVS = 16
-# Episodes in the mean return the milestones and the figure use. RLlib's "return" of an
-# iteration is the mean over the episodes that ended in it (none, one or a few for 16 Pong
-# envs and 1,024 steps), so the window is computed here from each iteration's mean and count.
-RETURN_WINDOW = 20
 # One run may take this long (3M steps on 2 CPU cores: a few hours).
 RUN_TIMEOUT_S = 24 * 3600.0
 RETURN_KEY = "episode_return_mean"
 CURVES = "curves.parquet"
 RUN_FILE = "run.json"
-MILESTONE_STEPS = (1_000_000, 2_000_000, 3_000_000)
-MILESTONE_RETURNS = (0.0, 18.0)
-# Column -> pyarrow type name of curves.parquet (types fixed, so files of any day concatenate).
-COLUMNS = {
-    "run": "string",
-    "path": "string",
-    "seed": "int64",
-    "iteration": "int64",
-    "env_steps": "float64",
-    "seconds": "float64",
-    "return": "float64",
-    "episodes": "int64",
-    "date": "string",
-    "machine": "string",
-}
 
 
 def lr_schedule(steps: int) -> list[list[float]]:
@@ -109,38 +91,6 @@ def lr_schedule(steps: int) -> list[list[float]]:
 
 def _run_name(path: str, seed: int) -> str:
     return f"{path}-seed{seed}"
-
-
-# -- curves.parquet ---------------------------------------------------------------------------
-def _schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema([(k, getattr(pa, v)()) for k, v in COLUMNS.items()])
-
-
-def read_rows(path: str) -> list[dict[str, Any]]:
-    """The rows of one curves parquet file, or of every ``*.parquet`` under a folder."""
-    import pyarrow.parquet as pq
-
-    if os.path.isdir(path):
-        files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True))
-    else:
-        files = [path] if os.path.exists(path) else []
-    rows: list[dict[str, Any]] = []
-    for f in files:
-        rows.extend(pq.read_table(f).to_pylist())
-    return rows
-
-
-def write_rows(rows: Sequence[Mapping[str, Any]], path: str) -> None:
-    """Writes ``rows`` to ``path`` atomically (a kill leaves the old file or the new one)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tmp = f"{path}.tmp-{os.getpid()}"
-    table = pa.Table.from_pylist([{k: r.get(k) for k in COLUMNS} for r in rows], _schema())
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
 
 
 # -- one run, in its own process --------------------------------------------------------------
@@ -249,217 +199,6 @@ def train_one(
     finally:
         algo.stop()
     return ran
-
-
-# -- what the curves say ----------------------------------------------------------------------
-def _finite(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in rows if r["return"] is not None and not math.isnan(r["return"])]
-
-
-def smoothed(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The mean return of the last RETURN_WINDOW episodes after each iteration in which one
-    ended (``full``: the window holds that many). An iteration's mean stands for each of its
-    ``episodes`` (one where the count was not recorded).
-
-    Example:
-        >>> rows = [{"env_steps": 1.0, "seconds": 1.0, "return": -21.0, "episodes": 15},
-        ...         {"env_steps": 2.0, "seconds": 2.0, "return": -11.0, "episodes": 10}]
-        >>> [(p["return"], p["full"]) for p in smoothed(rows)]
-        [(-21.0, False), (-16.0, True)]
-    """
-    out: list[dict[str, Any]] = []
-    window: list[tuple[float, int]] = []  # (mean return, episodes), oldest first
-    for r in _finite(sorted(rows, key=lambda r: r["env_steps"])):
-        window.append((float(r["return"]), int(r.get("episodes") or 1)))
-        total, weighted = 0, 0.0
-        for mean, n in reversed(window):
-            take = min(n, RETURN_WINDOW - total)
-            total += take
-            weighted += take * mean
-            if total == RETURN_WINDOW:
-                break
-        out.append(
-            {
-                "env_steps": r["env_steps"],
-                "seconds": r["seconds"],
-                "return": weighted / total,
-                "full": total == RETURN_WINDOW,
-            }
-        )
-    return out
-
-
-def run_milestones(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One run's figures: the mean return of the last RETURN_WINDOW episodes at the first
-    iteration at or past 1M, 2M and 3M env steps; env steps and seconds to first reach 0 and
-    +18 with that mean; its final value. None where the run never got there (or the window
-    never filled)."""
-    rows = sorted(rows, key=lambda r: r["env_steps"])
-    points = [p for p in smoothed(rows) if p["full"]]
-    out: dict[str, Any] = {
-        "env_steps": rows[-1]["env_steps"] if rows else 0.0,
-        "seconds": rows[-1]["seconds"] if rows else 0.0,
-        "final": points[-1]["return"] if points else None,
-    }
-    for m in MILESTONE_STEPS:
-        at = next((p for p in points if p["env_steps"] >= m), None)
-        out[f"return_at_{m // 1_000_000}M"] = at["return"] if at else None
-    for target in MILESTONE_RETURNS:
-        hit = next((p for p in points if p["return"] >= target), None)
-        out[f"steps_to_{target:g}"] = hit["env_steps"] if hit else None
-        out[f"seconds_to_{target:g}"] = hit["seconds"] if hit else None
-    return out
-
-
-def group_runs(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, int], list[Any]]:
-    """Rows by (date the run started, path, seed): one entry per run, files of every day."""
-    by_run: dict[tuple[str, str, int], list[Any]] = {}
-    first_date: dict[tuple[str, str, int, str], str] = {}
-    for r in rows:
-        key = (r["path"], r["seed"], r["run"], r["machine"])
-        first_date.setdefault(key, r["date"])
-    for r in rows:
-        key = (r["path"], r["seed"], r["run"], r["machine"])
-        by_run.setdefault((first_date[key], r["path"], r["seed"]), []).append(r)
-    return dict(sorted(by_run.items()))
-
-
-def compare_at(
-    runs: Mapping[tuple[str, str, int], Sequence[Mapping[str, Any]]],
-    steps: int,
-    path: str = AMP,
-    reference: str = FP32_NATIVE,
-) -> dict[str, Any] | None:
-    """``path`` against ``reference`` at ``steps`` env steps, over the seeds of each that got
-    there: no worse when the mean is at least the reference's minus the larger half-range.
-
-    Example:
-        >>> mk = lambda p, s, r: [
-        ...     {"path": p, "seed": s, "env_steps": 1e6, "seconds": 1, "return": r, "episodes": 20}
-        ... ]
-        >>> runs = {("d", AMP, 0): mk(AMP, 0, -10.0), ("d", AMP, 1): mk(AMP, 1, -14.0),
-        ...         ("d", FP32_NATIVE, 0): mk(FP32_NATIVE, 0, -11.0),
-        ...         ("d", FP32_NATIVE, 1): mk(FP32_NATIVE, 1, -12.0)}
-        >>> c = compare_at(runs, 1_000_000)
-        >>> c["mean"], c["reference_mean"], c["no_worse"]
-        (-12.0, -11.5, True)
-    """
-
-    def values(p: str) -> list[float]:
-        vals = []
-        for (_, q, _), rows in runs.items():
-            at = next((p for p in smoothed(rows) if p["full"] and p["env_steps"] >= steps),
-                      None)  # fmt: skip
-            if q == p and at is not None:
-                vals.append(float(at["return"]))
-        return vals
-
-    a, b = values(path), values(reference)
-    if len(a) < 2 or len(b) < 2:
-        return None
-    half = max((max(a) - min(a)) / 2, (max(b) - min(b)) / 2)
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    return {
-        "values": a,
-        "reference_values": b,
-        "mean": ma,
-        "reference_mean": mb,
-        "no_worse": ma >= mb - half,
-    }
-
-
-def table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The markdown table of every run in ``rows``: one line per run."""
-
-    def num(v: Any, fmt: str = "{:.1f}") -> str:
-        return "-" if v is None else fmt.format(v)
-
-    def steps_time(s: Any, t: Any) -> str:
-        return "-" if s is None else f"{s / 1e6:.2f}M / {t / 60:.0f} min"
-
-    lines = [
-        "| date | path | seed | env steps | hours | return at 1M | 2M | 3M | final "
-        "| to 0 (steps / time) | to +18 | machine |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for (date, path, seed), run_rows in group_runs(rows).items():
-        m = run_milestones(run_rows)
-        lines.append(
-            f"| {date} | {path} | {seed} | {m['env_steps'] / 1e6:.2f}M | "
-            f"{m['seconds'] / 3600:.2f} | {num(m['return_at_1M'])} | {num(m['return_at_2M'])} | "
-            f"{num(m['return_at_3M'])} | {num(m['final'])} | "
-            f"{steps_time(m['steps_to_0'], m['seconds_to_0'])} | "
-            f"{steps_time(m['steps_to_18'], m['seconds_to_18'])} | {run_rows[0]['machine']} |"
-        )
-    return "\n".join(lines)
-
-
-def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
-    """learning.png from the rows alone: return against env steps and against hours. False
-    (and nothing written) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    colors = {STOCK: "tab:gray", FP32_NATIVE: "tab:blue", AMP: "tab:red"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for (date, path, seed), run_rows in group_runs(rows).items():
-        raw = _finite(run_rows)
-        pts = smoothed(run_rows)
-        color = colors.get(path, "black")
-        label = f"{path}, seed {seed} ({date})"
-        axes[0].scatter(
-            [r["env_steps"] for r in raw], [r["return"] for r in raw], s=2, color=color, alpha=0.2
-        )
-        axes[0].plot(
-            [p["env_steps"] for p in pts], [p["return"] for p in pts], label=label, color=color
-        )
-        axes[1].plot([p["seconds"] / 3600 for p in pts], [p["return"] for p in pts], color=color)
-    axes[0].set_xlabel("env steps")
-    axes[1].set_xlabel("wall-clock hours")
-    axes[0].set_ylabel(f"return (dots: per iteration; line: last {RETURN_WINDOW} episodes)")
-    for ax in axes:
-        ax.axhline(0, color="black", linewidth=0.5)
-        ax.set_ylim(-21.5, 21.5)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("PPO on ALE/Pong-v5 (CleanRL's ppo_atari settings)")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return True
-
-
-def report_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    """table.md's text: the table of every run, and AMP against float32 at 1M env steps when
-    both have two seeds or more there."""
-    lines = [table(rows)]
-    c = compare_at(group_runs(rows), 1_000_000)
-    if c is not None:
-        lines.append(
-            f"\nAt 1M env steps, amp-native {c['mean']:.1f} ({', '.join(f'{v:.1f}' for v in c['values'])}) "  # noqa: E501
-            f"vs fp32-native {c['reference_mean']:.1f} "
-            f"({', '.join(f'{v:.1f}' for v in c['reference_values'])}): "
-            f"{'no worse' if c['no_worse'] else 'WORSE'} beyond the seed spread."
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_report(folder: str) -> list[str]:
-    """learning.png and table.md in ``folder``, from every parquet under it."""
-    rows = read_rows(folder)
-    if not rows:
-        raise UsageError(f"--plot-only: no curve rows in any *.parquet under {folder!r}")
-    md = os.path.join(folder, "table.md")
-    with open(md, "w", encoding="utf-8") as f:
-        f.write(report_text(rows))
-    written = [md]
-    png = os.path.join(folder, "learning.png")
-    if plot(rows, png):
-        written.append(png)
-    return written
 
 
 # -- the command ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from rllib_amp.bench import pong_curves as C
 from rllib_amp.bench import pong_learning as P
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -74,24 +75,24 @@ def test_milestones_returns_at_1m_2m_3m_and_steps_and_time_to_0_and_18():
     rows = _rows("r", P.AMP, 0, [(5e5, 600.0, -20.0), (1.0e6, 1200.0, math.nan),
                                  (1.1e6, 1300.0, -8.0), (2.2e6, 2600.0, 3.0),
                                  (3.0e6, 3600.0, 18.5)])  # fmt: skip
-    m = P.run_milestones(rows)
+    m = C.run_milestones(rows)
     # At 1M the return is NaN (no episode ended): the first finite point past 1M counts.
     assert m["return_at_1M"] == -8.0 and m["return_at_2M"] == 3.0 and m["return_at_3M"] == 18.5
     assert (m["steps_to_0"], m["seconds_to_0"]) == (2.2e6, 2600.0)
     assert (m["steps_to_18"], m["seconds_to_18"]) == (3.0e6, 3600.0)
     assert m["final"] == 18.5
-    never = P.run_milestones(_rows("q", P.AMP, 1, [(1e5, 10.0, -21.0)]))
+    never = C.run_milestones(_rows("q", P.AMP, 1, [(1e5, 10.0, -21.0)]))
     assert never["return_at_1M"] is None and never["steps_to_0"] is None
 
 
 def test_milestones_use_the_last_20_episodes_not_one_lucky_game():
     # One episode per iteration: a single +18 game among losses is no +18 agent.
     points = [(1e5 * i, 10.0 * i, -20.0) for i in range(1, 31)] + [(3.1e6, 310.0, 18.0)]
-    m = P.run_milestones(_rows("w", P.AMP, 0, points, episodes=1))
+    m = C.run_milestones(_rows("w", P.AMP, 0, points, episodes=1))
     assert m["steps_to_18"] is None and m["final"] == pytest.approx((19 * -20.0 + 18.0) / 20)
     assert m["return_at_1M"] == -20.0
     # Before 20 episodes have ended the window is not full, and nothing counts.
-    assert P.run_milestones(_rows("v", P.AMP, 0, [(1e6, 1.0, 5.0)], episodes=3))["final"] is None
+    assert C.run_milestones(_rows("v", P.AMP, 0, [(1e6, 1.0, 5.0)], episodes=3))["final"] is None
 
 
 def test_amp_against_fp32_at_1m_uses_the_seed_spread():
@@ -99,22 +100,22 @@ def test_amp_against_fp32_at_1m_uses_the_seed_spread():
     for path, vals in ((P.AMP, (-10.0, -16.0)), (P.FP32_NATIVE, (-11.0, -12.0))):
         for seed, v in enumerate(vals):
             runs[("d", path, seed)] = _rows(f"{path}{seed}", path, seed, [(1e6, 1.0, v)])
-    c = P.compare_at(runs, 1_000_000)
+    c = C.compare_at(runs, 1_000_000)
     assert c["mean"] == -13.0 and c["reference_mean"] == -11.5 and c["no_worse"]
     runs[("d", P.AMP, 0)] = _rows("a0", P.AMP, 0, [(1e6, 1.0, -20.0)])
     runs[("d", P.AMP, 1)] = _rows("a1", P.AMP, 1, [(1e6, 1.0, -20.5)])
-    assert P.compare_at(runs, 1_000_000)["no_worse"] is False
+    assert C.compare_at(runs, 1_000_000)["no_worse"] is False
     del runs[("d", P.AMP, 1)]
-    assert P.compare_at(runs, 1_000_000) is None  # one seed is no evidence
+    assert C.compare_at(runs, 1_000_000) is None  # one seed is no evidence
 
 
 def test_plot_only_builds_the_figure_and_table_from_the_parquet_files_alone(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     day1 = _rows("amp-native-seed0", P.AMP, 0, [(1e6, 3600.0, -15.0), (2e6, 7200.0, 1.0)])
     day2 = _rows("amp-native-seed1", P.AMP, 1, [(1e6, 3500.0, -12.0)], date="2026-12-02")
-    P.write_rows(day1, str(tmp_path / "2026-12-01.parquet"))
+    C.write_rows(day1, str(tmp_path / "2026-12-01.parquet"))
     os.makedirs(tmp_path / "later")
-    P.write_rows(day2, str(tmp_path / "later" / "curves.parquet"))
+    C.write_rows(day2, str(tmp_path / "later" / "curves.parquet"))
     assert P.main(["--plot-only", str(tmp_path)]) == 0
     assert "wrote" in capsys.readouterr().out
     with open(tmp_path / "learning.png", "rb") as f:
@@ -197,10 +198,10 @@ def test_the_committed_pong_evidence_is_built_from_its_parquet_files():
     # docs/pong/ holds every run's curve; its table and docs/pong.md's copy of it are what
     # --plot-only builds from those files, so a figure in the docs cannot drift from the data.
     folder = os.path.join(ROOT, "docs", "pong")
-    rows = P.read_rows(folder)
+    rows = C.read_rows(folder)
     assert rows, "docs/pong/ holds no curve"
     assert {r["path"] for r in rows} <= set(P.PATHS)
-    expected = P.report_text(rows)
+    expected = C.report_text(rows)
     with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
         assert f.read() == expected
     with open(os.path.join(ROOT, "docs", "pong.md"), encoding="utf-8") as f:
