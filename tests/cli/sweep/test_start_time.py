@@ -1,6 +1,7 @@
 """The command line starts light: ``--help`` and the refusals that need no Ray import neither
-torch nor RLlib. The seconds are printed (``pytest -s`` or ``-rA``); the bound asserted is
-loose because a shared test machine may be busy: speed is shown by the number, not the test."""
+torch nor RLlib. The seconds are printed at the end of every test run (``start_seconds``, a
+section of the terminal summary: tests/conftest.py); the bound asserted is loose because a
+shared test machine may be busy: speed is shown by the number, not the test."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def timed(args: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
     return time.monotonic() - start, proc
 
 
-def test_help_and_refusals_that_need_no_ray_start_fast(tmp_path, tiny_file):
+def test_help_and_refusals_that_need_no_ray_start_fast(tmp_path, tiny_file, record_property):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "tuner.pkl").write_bytes(b"x")
     cases = {
@@ -77,7 +78,7 @@ def test_help_and_refusals_that_need_no_ray_start_fast(tmp_path, tiny_file):
     }  # fmt: skip
     for label, (args, expected) in cases.items():
         seconds, proc = timed(args)
-        print(f"python -m rllib_amp.tune {label}: {seconds:.2f} s")
+        record_property("start_seconds", (f"python -m rllib_amp.tune {label}", seconds))
         assert proc.returncode == expected, proc.stderr
         if expected == 2:
             assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -97,7 +98,7 @@ BAD_FILES = {
 
 
 @pytest.mark.parametrize("label", list(BAD_FILES))
-def test_a_bad_experiment_file_is_refused_before_rllib_loads(tmp_path, label):
+def test_a_bad_experiment_file_is_refused_before_rllib_loads(tmp_path, label, record_property):
     """Runs the command's ``main`` in a fresh interpreter, then reads its ``sys.modules``: the
     answer came, as one line and exit 2, without importing torch or RLlib."""
     path = tmp_path / "exp.yaml"
@@ -114,7 +115,7 @@ def test_a_bad_experiment_file_is_refused_before_rllib_loads(tmp_path, label):
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     seconds = time.monotonic() - start
-    print(f"python -m rllib_amp.tune, {label}: {seconds:.2f} s")
+    record_property("start_seconds", (f"python -m rllib_amp.tune, {label}", seconds))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["2"], (proc.stdout, proc.stderr)  # exit 2, nothing heavy
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
