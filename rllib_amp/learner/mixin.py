@@ -6,8 +6,9 @@ Each override wraps RLlib's own method and hands the AMP part to the module that
                                    seeded by a warm start                      warm_start)
     _uncompiled_update             RLlib's update step, inside autocast
     compute_losses                 float32 into and out of the loss maths    (precision)
-    compute_gradients              scaled losses -> RLlib's backward          (loss_scaling)
-    postprocess_gradients          unscale before RLlib's grad_clip           (loss_scaling)
+    compute_gradients              scaled losses -> RLlib's backward ->       (loss_scaling)
+                                   unscale; returns true-scale gradients
+    postprocess_gradients          RLlib's grad_clip, outside autocast
     apply_gradients                step or skip per module; no nan_to_num     (loss_scaling)
     _make_batch_if_necessary       the GAE value pass under autocast          (value_pass)
     _create_iterator_if_necessary  one copy per minibatch                     (minibatch)
@@ -191,20 +192,20 @@ class AmpLearnerMixin(_MixinBase):
                     loss_per_module, self._amp_optimizers(), zero=self._optimizer_parameters
                 )
                 gradients = {pid: p.grad for pid, p in self._params.items()}
-        scalers.gradients_computed()
+            scalers.gradients_computed()
+            # Right after the backward, as torch's recipe has it: whatever a caller does
+            # with the gradients next (log norms, clip) sees true-scale values, and the
+            # inf/nan check has run before any clipping could hide an overflow. The
+            # returned tensors are the .grad ones, unscaled in place.
+            scalers.unscale(self._amp_optimizers())
         return gradients
 
     @override(Learner)
     def postprocess_gradients(self, gradients_dict: dict) -> dict:
         if not self.amp_enabled:
             return super().postprocess_gradients(gradients_dict)
-        scalers = self._amp_scaler_set
-        assert scalers is not None and self._amp_precision is not None
+        assert self._amp_precision is not None
         with outside_autocast(self._amp_precision.device_type):
-            if scalers.pending_scaled:
-                # Unscale before any clipping; unscaling works on .grad, so point it at these.
-                self._amp_set_grads(gradients_dict)
-                scalers.unscale(self._amp_optimizers())
             return super().postprocess_gradients(gradients_dict)
 
     @override(TorchLearner)
@@ -214,10 +215,13 @@ class AmpLearnerMixin(_MixinBase):
         scalers = self._amp_scaler_set
         assert scalers is not None and self._amp_precision is not None
         with outside_autocast(self._amp_precision.device_type):
+            # Gradients other than the ones compute_gradients checked (RLlib's clipping works
+            # in place) are checked again before any step.
+            replaced = any(self._params[pid].grad is not g for pid, g in gradients_dict.items())
             # Unlike RLlib, no nan_to_num: an overflow must reach the scaler, which skips.
             self._amp_set_grads(gradients_dict)
             self._amp_build_lr_schedulers()
-            scalers.step(self._amp_optimizers())
+            scalers.step(self._amp_optimizers(), replaced=replaced)
         # The weights changed in place: autocast must not reuse low-precision copies of them.
         torch.clear_autocast_cache()
 

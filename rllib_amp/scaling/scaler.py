@@ -141,8 +141,10 @@ class PolicyScaler:
     def unscale_(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Unscales the gradients in place and records whether any is inf/nan.
 
-        Call before gradient clipping: clipping by value turns inf into a finite number and
-        would hide the overflow. Call at most once per step (``unscaled`` says if it was).
+        Call right after the backward, before gradient clipping: clipping by value turns
+        inf into a finite number and would hide the overflow. Call at most once per step
+        (``unscaled`` says if it was): torch's GradScaler refuses a second ``unscale_`` of
+        an optimizer before ``update()``.
         """
         if self._found_inf is not None:
             raise RuntimeError(
@@ -164,18 +166,22 @@ class PolicyScaler:
         """True between ``unscale_`` and the ``step`` that consumes it."""
         return self._found_inf is not None
 
-    def step(self, optimizers: list[torch.optim.Optimizer]) -> bool:
+    def step(self, optimizers: list[torch.optim.Optimizer], *, recheck: bool = False) -> bool:
         """Steps all ``optimizers`` unless a gradient is inf/nan. Returns True if skipped.
 
         After ``unscale_`` (a scaled backward) this is the scaled step: skip on what unscale_
-        found, then ``update()`` the scale once. Without it, the gradients are taken as
-        true-scale (e.g. given to ``Learner.apply_gradients`` directly): they are checked
-        here, and the scale stays as it is. Weights and optimizer state of a skipped step
-        stay exactly as they were.
+        found, then ``update()`` the scale once. ``recheck``: the gradients were replaced
+        since ``unscale_`` looked at them, so they are checked again (an inf/nan there skips
+        the step but does not back the scale off). Without ``unscale_``, the gradients are
+        taken as true-scale (e.g. given to ``Learner.apply_gradients`` directly): they are
+        checked here, and the scale stays as it is. Weights and optimizer state of a skipped
+        step stay exactly as they were.
         """
         after_unscale = self._found_inf is not None
         stepping = [opt for opt in optimizers if _grads([opt])]
         skipped = self._found_inf if after_unscale else not grads_are_finite(stepping)
+        if recheck and after_unscale and not skipped:
+            skipped = not grads_are_finite(stepping)
         self._found_inf = None
         if not skipped:
             for opt in stepping:

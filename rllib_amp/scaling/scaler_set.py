@@ -10,15 +10,16 @@ RLlib's three public gradient methods, so each works on its own as RLlib documen
   loss over all modules. With one module, one scale shared by all (``shared_scaler``), or no
   scaling (bfloat16), that is one backward of the sum, exactly RLlib's; with several float16
   modules with scales of their own and such a shared loss, one backward per module
-  restricted to its parameters. Gradients come back scaled.
-- ``postprocess_gradients``: scaled gradients are unscaled first (inf/nan recorded before
-  any clipping can hide it); true-scale gradients are left as they are.
-- ``apply_gradients(grads)``: still-scaled gradients are unscaled; every module with a
-  gradient steps all its optimizers, or none when one gradient is inf/nan; each live scale
-  then updates once (a scale shared by several modules backs off if any of them
-  overflowed). Gradients that never went through a scaled backward (given by the caller)
-  are checked the same way and leave the scale as it is. A skip is counted, and logged
-  when it is not a float16 overflow.
+  restricted to its parameters. Right after the backward, ``unscale`` unscales the
+  gradients in place and records inf/nan per module, before any clipping can hide it:
+  the gradients come back true-scale.
+- ``postprocess_gradients``: nothing to do here; the gradients are already true-scale.
+- ``apply_gradients(grads)``: every module with a gradient steps all its optimizers, or
+  none when one gradient is inf/nan; each live scale then updates once (a scale shared by
+  several modules backs off if any of them overflowed). Gradients that never went through
+  a scaled backward (given by the caller), or that replaced the computed ones, are checked
+  the same way and leave the scale as it is. A skip is counted, and logged when it is not
+  a float16 overflow.
 
 Example:
     >>> import torch
@@ -135,7 +136,7 @@ class ScalerSet:
             )
 
     def gradients_computed(self) -> None:
-        """Marks every module's new gradients as scaled (unscaled at the next chance)."""
+        """Marks every module's new gradients as scaled (for ``unscale``)."""
         self._scaled = set(self.scalers)
 
     def _begin(self, loss_per_module: Mapping[str, Any]) -> None:
@@ -152,32 +153,36 @@ class ScalerSet:
         }
         self._scaled = set()
 
-    # -- postprocess_gradients / apply_gradients -------------------------------------------
-    @property
-    def pending_scaled(self) -> bool:
-        """True while gradients from a scaled backward wait to be unscaled."""
-        return bool(self._scaled)
-
     def unscale(self, optimizers: Optimizers) -> None:
-        """Unscales what is still scaled, in place, and records inf/nan per module."""
+        """Unscales what is still scaled, in place, and records inf/nan per module.
+
+        Once per module per backward: a module already unscaled is left alone, so a second
+        call never divides by the scale twice (nor trips torch's one-``unscale_`` rule).
+        """
         for mid, scaler in self.scalers.items():
             if mid in self._scaled:
                 scaler.unscale_(optimizers.get(mid, []))
         self._scaled.clear()
 
-    def step(self, optimizers: Optimizers) -> None:
-        """Steps every module with gradients, or skips it on inf/nan (counted and logged)."""
+    # -- apply_gradients -------------------------------------------------------------------
+    def step(self, optimizers: Optimizers, *, replaced: bool = False) -> None:
+        """Steps every module with gradients, or skips it on inf/nan (counted and logged).
+
+        ``replaced``: the caller's gradients are not the tensors the backward wrote (and
+        ``unscale`` checked), so they are checked again and reported as given gradients.
+        """
         self.unscale(optimizers)
+        given = replaced or self._losses is None
         try:
             for mid, scaler in self.scalers.items():
-                if scaler.step(optimizers.get(mid, [])):
-                    self._report_skip(mid, scaler)
+                if scaler.step(optimizers.get(mid, []), recheck=replaced):
+                    self._report_skip(mid, scaler, given=given)
         finally:
             self._losses = None
 
-    def _report_skip(self, module_id: str, scaler: PolicyScaler) -> None:
+    def _report_skip(self, module_id: str, scaler: PolicyScaler, *, given: bool) -> None:
         # Only on the (rare) skip path: host syncs to tell bad data from an overflow.
-        if self._losses is None:
+        if given or self._losses is None:
             n = self._given_nonfinite[module_id] = self._given_nonfinite.get(module_id, 0) + 1
             if is_power_of_two(n):
                 logger.warning(

@@ -3,9 +3,10 @@
 Each test builds a stock PPO learner and ``amp_learner_class(PPOTorchLearner)`` with the same
 weights (tiny nets, no Ray), calls ``compute_gradients`` / ``postprocess_gradients`` /
 ``apply_gradients`` directly, and compares with what stock ``TorchLearner`` does where
-RLlib's docstrings say they should agree. The losses are plain float32 functions of the
-weights, and the float16 scales are powers of two, so unscaled gradients equal stock's
-exactly. (docs/update-step.md states the rules these tests pin.)
+RLlib's docstrings say they should agree, in every precision: every method returns what
+stock's would. The losses are plain float32 functions of the weights, and the float16 scales
+are powers of two, so unscaled gradients equal stock's exactly. (docs/update-step.md states
+the rules these tests pin.)
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from tests.integration.common import ppo_episodes
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACT = gym.spaces.Discrete(2)
 DTYPES = ["bfloat16", "float16"]
+ALL_DTYPES = ["float32", *DTYPES]
 SCALE = 2.0**10
+
+
+def _settings(dtype, **kwargs):
+    if dtype == "float32":
+        return AmpSettings(enabled=False, **kwargs)
+    return AmpSettings(dtype=dtype, **kwargs)
 
 
 def _pair(dtype, module_ids=("default_policy",), lr_schedulers=None, **training):
@@ -45,7 +53,7 @@ def _pair(dtype, module_ids=("default_policy",), lr_schedulers=None, **training)
     stock = cfg.copy(copy_frozen=False).learners(learner_class=PPOTorchLearner)
     stock = stock.build_learner(spaces=spaces)
     amp_cfg = cfg.copy(copy_frozen=False).learners(learner_class=amp_learner_class(PPOTorchLearner))
-    store_in_config(amp_cfg, AmpSettings(dtype=dtype, init_scale=SCALE))
+    store_in_config(amp_cfg, _settings(dtype, init_scale=SCALE))
     amp = amp_cfg.build_learner(spaces=spaces)
     amp.module.set_state(stock.module.get_state())
     return stock, amp
@@ -95,7 +103,7 @@ def _set_scale(scaler, scale):
     scaler.load_state_dict({**scaler.state_dict(), "torch": {"scale": scale, "_growth_tracker": 0}})
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("keys", ["all_modules", "module_and_all_modules"])
 def test_all_modules_loss_is_summed_like_stock(dtype, keys):
     stock, amp = _pair(dtype)
@@ -108,13 +116,12 @@ def test_all_modules_loss_is_summed_like_stock(dtype, keys):
         return out
 
     expected = _named(stock, stock.compute_gradients(losses(stock)))
-    scaled = amp.compute_gradients(losses(amp))
-    scale = SCALE if dtype == "float16" else 1.0
-    _assert_same(_named(amp, scaled), {k: g * scale for k, g in expected.items()})
-    _assert_same(_named(amp, amp.postprocess_gradients(scaled)), expected)
+    grads = amp.compute_gradients(losses(amp))
+    _assert_same(_named(amp, grads), expected)  # true scale, not times the loss scale
+    _assert_same(_named(amp, amp.postprocess_gradients(grads)), expected)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_a_loss_over_two_modules_gets_each_modules_own_scale(dtype):
     stock, amp = _pair(dtype, module_ids=("p0", "p1"))
     if dtype == "float16":
@@ -124,12 +131,117 @@ def test_a_loss_over_two_modules_gets_each_modules_own_scale(dtype):
         return {"p0": _own_loss(lrn, "p0"), ALL_MODULES: _coupled_loss(lrn)}
 
     expected = _named(stock, stock.compute_gradients(losses(stock)))
-    scaled = _named(amp, amp.compute_gradients(losses(amp)))
-    for name, grad in expected.items():
-        scale = amp.amp_scalers[name.split(".")[0]].get_scale()
-        assert torch.equal(scaled[name], grad * scale), name
+    _assert_same(_named(amp, amp.compute_gradients(losses(amp))), expected)
     grads = {p: p.grad for mid in ("p0", "p1") for p in _params(amp, mid)}
     _assert_same(_named(amp, amp.postprocess_gradients(grads)), expected)
+    amp.apply_gradients(grads)
+    stock.apply_gradients(stock.compute_gradients(losses(stock)))
+    _assert_same(_weights(amp), _weights(stock), exact=False)  # fused vs stock Adam kernel
+
+
+class _GradientLog:
+    """A custom learner that reads the gradients between compute and postprocess."""
+
+    seen: list
+
+    def compute_gradients(self, loss_per_module, **kwargs):
+        grads = super().compute_gradients(loss_per_module, **kwargs)
+        self.seen.append({pid: g.detach().clone() for pid, g in grads.items()})
+        return grads
+
+
+@pytest.fixture(scope="module")
+def cartpole():
+    cfg, episodes, spaces = ppo_episodes(64, hiddens=8)
+    # The critic's targets come from the value pass, which runs in low precision too, and
+    # its loss is clipped (vf_clip_param): its gradient differs from float32's by more than
+    # the forward's rounding. The policy's gradient is what this comparison is about.
+    return cfg.copy(copy_frozen=False).training(vf_loss_coeff=0.0), episodes, spaces
+
+
+def _logged_gradients(cartpole, dtype):
+    cfg, episodes, spaces = cartpole
+    cls = type("LoggingLearner", (_GradientLog, amp_learner_class(PPOTorchLearner)), {})
+    cfg = cfg.copy(copy_frozen=False).learners(learner_class=cls)
+    store_in_config(cfg, _settings(dtype))  # float16: the default scale, 65536
+    torch.manual_seed(0)
+    lrn = cfg.build_learner(spaces=spaces)
+    lrn.seen = []
+    lrn.update(episodes=copy.deepcopy(episodes), timesteps={"num_env_steps_sampled_lifetime": 1})
+    assert len(lrn.seen) == 1
+    return lrn, lrn.seen[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_update_hands_a_custom_learner_true_gradients(cartpole, dtype):
+    """RLlib's update step on CartPole PPO: compute_gradients' output matches float32's."""
+    _, want = _logged_gradients(cartpole, "float32")
+    lrn, got = _logged_gradients(cartpole, dtype)
+    if dtype == "float16":
+        assert lrn.amp_scalers["default_policy"].get_scale() == 2.0**16
+    assert len(got) == len(want)
+    # A low-precision forward: close to float32's gradient (bfloat16 keeps 8 bits of
+    # mantissa, float16 11), never 65536 times it.
+    tolerance = {"float16": 0.05, "bfloat16": 0.25}[dtype]
+    for g, w in zip(got.values(), want.values()):
+        assert (g - w).norm() <= tolerance * w.norm() + 1e-6
+
+
+@pytest.mark.parametrize("clip_by", ["value", "global_norm"])
+def test_an_overflow_is_found_before_clipping_and_skips_the_step(clip_by):
+    """Clipping by value turns inf into a finite number: the scaler must have seen it first."""
+    _, amp = _pair("float16", grad_clip=0.01, grad_clip_by=clip_by)
+    mid = "default_policy"
+    amp.apply_gradients(amp.compute_gradients({mid: _own_loss(amp, mid)}))  # Adam has state
+    weights = _weights(amp)
+    opt_state = [copy.deepcopy(o.state_dict()) for _, o in amp.get_optimizers_for_module(mid)]
+    scaler = amp.amp_scalers[mid]
+
+    grads = amp.compute_gradients({mid: _own_loss(amp, mid, c=1e36)})  # x scale > float32 max
+    assert any(not torch.isfinite(g).all() for g in grads.values())
+    amp.apply_gradients(amp.postprocess_gradients(grads))
+
+    _assert_same(_weights(amp), weights)
+    for saved, (_, opt) in zip(opt_state, amp.get_optimizers_for_module(mid)):
+        for pid, st in saved["state"].items():
+            for k, v in st.items():
+                assert torch.equal(opt.state_dict()["state"][pid][k], v), k
+    assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (2, 1)
+    assert scaler.get_scale() == SCALE / 2  # backed off once
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_replaced_after_compute_gradients_are_checked_again(dtype, caplog):
+    """A custom postprocess that returns new tensors holding nan: never stepped on."""
+    _, amp = _pair(dtype)
+    mid = "default_policy"
+    weights = _weights(amp)
+    grads = amp.compute_gradients({mid: _own_loss(amp, mid)})  # finite: unscale_ found none
+    replaced = {pid: g * float("nan") for pid, g in grads.items()}
+    caplog.set_level(logging.WARNING, logger="rllib_amp")
+    amp.apply_gradients(replaced)
+    _assert_same(_weights(amp), weights)
+    scaler = amp.amp_scalers[mid]
+    assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (1, 1)
+    assert scaler.get_scale() == (SCALE if dtype == "float16" else 1.0)  # not an overflow
+    assert [r.amp_event for r in caplog.records if getattr(r, "amp_event", None)] == [
+        "nonfinite_gradients"
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_are_unscaled_once_whatever_the_caller_repeats(dtype):
+    """Postprocessing twice, or computing twice before a step, never unscales twice."""
+    stock, amp = _pair(dtype)
+    mid = "default_policy"
+    for lrn in (stock, amp):
+        lrn.compute_gradients({mid: _own_loss(lrn, mid, c=5.0)})  # abandoned: no step
+        grads = lrn.compute_gradients({mid: _own_loss(lrn, mid)})
+        grads = lrn.postprocess_gradients(lrn.postprocess_gradients(grads))
+        lrn.apply_gradients(grads)
+    _assert_same(_weights(amp), _weights(stock), exact=False)
+    scaler = amp.amp_scalers[mid]
+    assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (1, 0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -183,20 +295,22 @@ def test_apply_gradients_on_its_own_skips_inf_loudly(dtype, caplog):
     ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_apply_gradients_right_after_compute_gradients_unscales_first(dtype):
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_apply_gradients_right_after_compute_gradients_steps_like_stock(dtype):
     stock, amp = _pair(dtype)
     mid = "default_policy"
     stock.apply_gradients(stock.compute_gradients({mid: _own_loss(stock, mid)}))
     amp.apply_gradients(amp.compute_gradients({mid: _own_loss(amp, mid)}))
-    _assert_same(_weights(amp), _weights(stock), exact=False)
+    _assert_same(_weights(amp), _weights(stock), exact=dtype == "float32")
+    if dtype == "float32":
+        return
     scaler = amp.amp_scalers[mid]
     assert (scaler.optimizer_steps_lifetime, scaler.skipped_steps_lifetime) == (1, 0)
     if dtype == "float16":
         assert scaler.get_scale() == SCALE and scaler.growth_tracker == 1  # a scaled step
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("clip_by", ["global_norm", "value"])
 def test_postprocess_gradients_clips_true_scale_gradients(dtype, clip_by):
     stock, amp = _pair(dtype, grad_clip=0.01, grad_clip_by=clip_by)
@@ -210,7 +324,7 @@ def test_postprocess_gradients_clips_true_scale_gradients(dtype, clip_by):
     expected = _named(stock, stock.postprocess_gradients(given(stock)))
     _assert_same(_named(amp, amp.postprocess_gradients(given(amp))), expected)
 
-    # After compute_gradients: unscaled first, then clipped.
+    # After compute_gradients: already true-scale, then clipped.
     expected = _named(
         stock, stock.postprocess_gradients(stock.compute_gradients({mid: _own_loss(stock, mid)}))
     )
@@ -218,7 +332,7 @@ def test_postprocess_gradients_clips_true_scale_gradients(dtype, clip_by):
     _assert_same(got, expected)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_torch_lr_schedulers_are_built_and_stepped_like_stock(dtype):
     """RLlib builds torch lr schedulers lazily in apply_gradients; ours repeats that part."""
     halve = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)

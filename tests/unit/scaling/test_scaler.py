@@ -159,6 +159,18 @@ def test_unscale_twice_for_one_step_is_refused():
         scaler.unscale_([opt])
 
 
+def test_recheck_skips_gradients_replaced_with_nan_after_unscale_without_backoff():
+    scaler = PolicyScaler(AmpSettings(init_scale=64.0), "cpu", scaling=True)
+    net, opt = _setup()
+    scaler.scale(_finite_loss(net)).backward()
+    scaler.unscale_([opt])  # found no inf
+    net.weight.grad = torch.full_like(net.weight, float("nan"))
+    weights = net.weight.detach().clone()
+    assert scaler.step([opt], recheck=True) is True
+    assert torch.equal(net.weight, weights)
+    assert scaler.get_scale() == 64.0 and scaler.skipped_steps_lifetime == 1
+
+
 def test_discarded_unscale_still_updates_the_scale_once():
     """New gradients replace an unscaled step that never came: the overflow it saw counts."""
     scaler = PolicyScaler(AmpSettings(init_scale=64.0), "cpu", scaling=True)
