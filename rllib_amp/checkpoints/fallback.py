@@ -49,13 +49,15 @@ class DamagedCheckpoint:
     """A checkpoint folder that failed verification.
 
     ``file``: the damaged file; ``reason``: CheckpointError's message; ``moved_to``: its new
-    name when it was moved aside, else None.
+    name when it was moved aside, else None; ``problem``: what is wrong with the file, without
+    its path or advice.
     """
 
     path: str
     file: str
     reason: str
     moved_to: str | None = None
+    problem: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,11 @@ def newest_intact_checkpoint(
     move = move_damaged and intact is not None
     skipped = tuple(
         DamagedCheckpoint(
-            display_path(fs, folder), e.path, str(e), _move_aside(fs, folder) if move else None
+            display_path(fs, folder),
+            e.path,
+            str(e),
+            _move_aside(fs, folder) if move else None,
+            e.problem or str(e),
         )
         for folder, e in damaged
     )
@@ -145,18 +151,46 @@ def _move_aside(fs: Any, folder: str) -> str:
     return display_path(fs, target)
 
 
+class NoIntactCheckpointError(CheckpointError):
+    """Trials Tune would resume have no intact checkpoint left: a resume would fail on every
+    retry. ``stranded``: one CheckpointChoice per such trial (``intact`` None)."""
+
+    def __init__(self, stranded: tuple[CheckpointChoice, ...]) -> None:
+        self.stranded = stranded
+        names = ", ".join(posixpath.basename(c.trial_dir) for c in stranded)
+        damaged = "; ".join(
+            f"{posixpath.basename(d.path)}/{posixpath.basename(d.file)} {d.problem or d.reason}"
+            for c in stranded
+            for d in c.damaged
+        )
+        super().__init__(
+            " ".join(f"trial {names} has no intact checkpoint left ({damaged})".split()),
+            stranded[0].damaged[0].file if stranded[0].damaged else "",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stranded,))
+
+
 def resume_from_intact_checkpoints(
-    experiment_dir: Any, *, filesystem: pyarrow.fs.FileSystem | None = None
+    experiment_dir: Any,
+    *,
+    filesystem: pyarrow.fs.FileSystem | None = None,
+    restart_damaged: bool = False,
 ) -> list[CheckpointChoice]:
     """Points a Tune experiment's trials at their newest intact checkpoints before a resume.
 
     For each trial folder with checkpoints: finds the newest intact one, moves the damaged
-    newer ones aside (``newest_intact_checkpoint(move_damaged=True)``) and records the intact
-    one as the trial's latest checkpoint in the newest ``experiment_state-*.json``, so that
-    ``Tuner.restore`` resumes from it. The previous state file is kept with the suffix
-    ``.before-fallback``. Logs one WARNING per trial that falls back (or has no intact
-    checkpoint). Returns one CheckpointChoice per trial folder with checkpoints.
-    FileNotFoundError if the folder holds no experiment state.
+    newer ones aside (``<name>.damaged``) and records the intact one as the trial's latest
+    checkpoint in the newest ``experiment_state-*.json``, so that ``Tuner.restore`` resumes
+    from it. The previous state file is kept with the suffix ``.before-fallback``. Logs one
+    WARNING per trial that falls back. Returns one CheckpointChoice per trial folder with
+    checkpoints. FileNotFoundError if the folder holds no experiment state.
+
+    A trial Tune would resume (not finished, not errored) from a checkpoint when none of its
+    checkpoints is intact: NoIntactCheckpointError, before anything is moved or rewritten.
+    With ``restart_damaged=True`` such a trial instead loses its checkpoint record, so Tune
+    runs it again from its first iteration; its damaged checkpoints are moved aside too.
 
     Example:
         >>> for c in resume_from_intact_checkpoints("/runs/sweep"):  # doctest: +SKIP
@@ -165,20 +199,50 @@ def resume_from_intact_checkpoints(
     """
     fs, root = resolve(experiment_dir, filesystem)
     state_path = _newest_experiment_state(fs, root)
-    choices = []
+    choices, fs_paths = [], {}
     for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=False)):
         if info.type == pyarrow.fs.FileType.Directory and checkpoint_folders(fs, info.path):
-            choices.append(newest_intact_checkpoint(info.path, filesystem=fs, move_damaged=True))
-    repoint = {
-        posixpath.basename(c.trial_dir): c for c in choices if c.damaged and c.intact is not None
+            choices.append(newest_intact_checkpoint(info.path, filesystem=fs))
+            fs_paths[choices[-1].trial_dir] = info.path
+    no_intact = {
+        posixpath.basename(c.trial_dir): c for c in choices if c.damaged and c.intact is None
     }
-    if repoint:
-        _repoint_experiment_state(fs, state_path, repoint)
+    original = read_bytes(fs, state_path)
+    state = json.loads(original)
+    stranded = [no_intact[t] for t in _trials_resumed_from_a_checkpoint(state) if t in no_intact]
+    if stranded and not restart_damaged:
+        raise NoIntactCheckpointError(tuple(stranded))
+    restarted = {posixpath.basename(c.trial_dir) for c in stranded}
+    # Damaged checkpoints of a trial with none intact stay in place unless that trial starts
+    # again: they are all it has.
+    choices = [
+        _moved_aside(fs, fs_paths[c.trial_dir], c)
+        if c.intact is not None or posixpath.basename(c.trial_dir) in restarted
+        else c
+        for c in choices
+    ]
+    repoint = {
+        posixpath.basename(c.trial_dir): c
+        for c in choices
+        if c.damaged and (c.intact is not None or posixpath.basename(c.trial_dir) in restarted)
+    }
+    if repoint and _repoint_experiment_state(state, repoint):
+        with fs.open_output_stream(state_path + STATE_BACKUP_SUFFIX) as f:
+            f.write(original)
+        with fs.open_output_stream(state_path) as f:
+            f.write(json.dumps(state).encode("utf-8"))
     for c in choices:
         if c.damaged:
+            restart = posixpath.basename(c.trial_dir) in restarted
             logger.warning(
                 "rllib_amp: %s",
-                c.describe(),
+                (
+                    f"{c.trial_dir}: no intact checkpoint, the trial runs again from scratch "
+                    f"(--restart-damaged): "
+                    + "; ".join(f"{d.reason} (kept as {d.moved_to})" for d in c.damaged)
+                )
+                if restart
+                else c.describe(),
                 extra=event(
                     "checkpoint_fallback",
                     trial_dir=c.trial_dir,
@@ -189,6 +253,41 @@ def resume_from_intact_checkpoints(
                 ),
             )
     return choices
+
+
+def _moved_aside(fs: Any, fs_trial_dir: str, choice: CheckpointChoice) -> CheckpointChoice:
+    moved = tuple(
+        DamagedCheckpoint(
+            d.path,
+            d.file,
+            d.reason,
+            _move_aside(fs, posixpath.join(fs_trial_dir, posixpath.basename(d.path))),
+            d.problem,
+        )
+        for d in choice.damaged
+    )
+    return CheckpointChoice(choice.trial_dir, choice.intact, moved)
+
+
+def _trials_resumed_from_a_checkpoint(state: dict[str, Any]) -> list[str]:
+    """The folder names of the trials Tune would restore from a recorded checkpoint on a
+    resume: neither finished nor errored (Tune reruns neither by default)."""
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    names = []
+    for entry in state["trial_data"]:
+        status = json.loads(entry[0]).get("status")
+        if status in ("TERMINATED", "ERROR"):
+            continue
+        manager: Any = _TrainingRunMetadata.from_json_state(entry[1]).checkpoint_manager
+        latest = manager.latest_checkpoint_result if manager is not None else None
+        if latest is not None:
+            names.append(_folder_of(latest))
+    return names
+
+
+def _folder_of(result: Any) -> str:
+    return posixpath.basename(posixpath.dirname(result.checkpoint.path.rstrip("/")))
 
 
 def _newest_experiment_state(fs: Any, root: str) -> str:
@@ -207,16 +306,13 @@ def _newest_experiment_state(fs: Any, root: str) -> str:
     return posixpath.join(root, max(names))
 
 
-def _repoint_experiment_state(
-    fs: Any, state_path: str, choices: dict[str, CheckpointChoice]
-) -> None:
-    """Makes each listed trial's latest checkpoint in Tune's experiment state the intact one."""
+def _repoint_experiment_state(state: dict[str, Any], choices: dict[str, CheckpointChoice]) -> bool:
+    """Makes each listed trial's latest checkpoint in Tune's experiment state the intact one
+    (none, for a trial with no intact checkpoint: it starts again); True if it changed."""
     # Tune's own (private) class reads and writes a trial's run metadata, so that its format
     # round-trips; the rest of the file is plain JSON.
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-    original = read_bytes(fs, state_path)
-    state = json.loads(original)
     changed = False
     for entry in state["trial_data"]:
         metadata = _TrainingRunMetadata.from_json_state(entry[1])
@@ -225,12 +321,7 @@ def _repoint_experiment_state(
             metadata.checkpoint_manager = manager  # drops its cached JSON
             entry[1] = metadata.get_json_state()
             changed = True
-    if not changed:
-        return
-    with fs.open_output_stream(state_path + STATE_BACKUP_SUFFIX) as f:
-        f.write(original)
-    with fs.open_output_stream(state_path) as f:
-        f.write(json.dumps(state).encode("utf-8"))
+    return changed
 
 
 def _repoint_trial(manager: Any, choices: dict[str, CheckpointChoice]) -> bool:
@@ -246,11 +337,16 @@ def _repoint_trial(manager: Any, choices: dict[str, CheckpointChoice]) -> bool:
         return False
     folder = posixpath.dirname(latest.checkpoint.path.rstrip("/"))
     choice = choices.get(posixpath.basename(folder))
-    if choice is None or choice.intact is None:
+    if choice is None:
         return False
     damaged = {posixpath.basename(d.path) for d in choice.damaged}
     if name(latest) not in damaged:
         return False  # Tune never recorded the damaged ones: it resumes from an intact one
+    if choice.intact is None:
+        # No checkpoint to restore: Tune starts the trial's actor afresh.
+        manager._checkpoint_results = []
+        manager._latest_checkpoint_result = None
+        return True
     intact_name = posixpath.basename(choice.intact)
     kept = [r for r in manager._checkpoint_results if name(r) not in damaged]
     intact = next((r for r in kept if name(r) == intact_name), None)

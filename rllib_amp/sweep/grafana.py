@@ -8,9 +8,15 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
+
+from rllib_amp.cli import root_error
+from rllib_amp.log_events import event
+
+logger = logging.getLogger(__name__)
 
 # The dashboard for those gauges (package data), and the file name it gets beside Ray's own
 # dashboards (Ray names them <what>_grafana_dashboard.json).
@@ -50,7 +56,9 @@ def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> s
     path, or None when this node has no such folder (run it on the head).
 
     Ray's metrics module clears and rewrites that folder when the dashboard starts, so this
-    waits (up to ``wait_s``) for Ray's own dashboard file before adding ours.
+    waits (up to ``wait_s``) for Ray's own dashboard file before adding ours. The dashboard
+    is a convenience: a folder that cannot take it (a file in its place, no permission, a
+    full or read-only disk) logs one WARNING saying why, and None is returned.
 
     Example:
         >>> ray.init()  # doctest: +SKIP
@@ -60,13 +68,48 @@ def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> s
     folder = grafana_dashboard_dir(session_dir)
     if folder is None:
         return None
+    blocker = _file_in_the_way(folder)
+    if blocker is not None:  # Ray cannot write there either: waiting for it would be in vain
+        _not_installed(folder, f"{blocker} is a file, not a folder")
+        return None
     if not os.environ.get(GRAFANA_OUTPUT_DIR_ENV):
         deadline = time.monotonic() + wait_s
         while not os.path.isfile(os.path.join(folder, RAY_DEFAULT_DASHBOARD)):
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.2)
-    os.makedirs(folder, exist_ok=True)
     target = os.path.join(folder, GRAFANA_DASHBOARD_NAME)
-    shutil.copyfile(GRAFANA_DASHBOARD, target)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        shutil.copyfile(GRAFANA_DASHBOARD, target)
+    except OSError as e:
+        _not_installed(folder, root_error(e))
+        return None
     return target
+
+
+def _file_in_the_way(folder: str) -> str | None:
+    """The nearest existing path at or above ``folder`` when it is no folder, else None."""
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+    return None if os.path.isdir(path) else path
+
+
+def _not_installed(folder: str, why: str) -> None:
+    fix = (
+        f"point {GRAFANA_OUTPUT_DIR_ENV} at a writable folder"
+        if os.environ.get(GRAFANA_OUTPUT_DIR_ENV)
+        else f"make it writable, or set {GRAFANA_OUTPUT_DIR_ENV} to a writable folder"
+    )
+    logger.warning(
+        "rllib_amp: the AMP Grafana dashboard was not installed in %s (%s); the sweep goes on "
+        "without it; %s",
+        folder,
+        why,
+        fix,
+        extra=event("grafana_dashboard_not_installed", folder=folder, error=why),
+    )

@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the settings they started with",
     )
     p.add_argument(
+        "--restart-damaged",
+        action="store_true",
+        help="with --resume: a trial with no intact checkpoint left runs again from its first "
+        "iteration (its damaged checkpoints are kept as checkpoint_NNNNNN.damaged) instead "
+        "of ending the resume with exit 2",
+    )
+    p.add_argument(
         "--max-trials",
         type=int,
         default=DEFAULT_MAX_TRIALS,
@@ -178,6 +185,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-trials: got {args.max_trials}; must be >= 1")
     if args.accept_changes and not args.resume:
         raise UsageError("--accept-changes: only applies with --resume; drop it or add --resume")
+    if args.restart_damaged and not args.resume:
+        raise UsageError("--restart-damaged: only applies with --resume; drop it or add --resume")
     if args.fit_to_machine and args.address:
         raise UsageError(
             "--fit-to-machine: scales trials to the local Ray this command starts; drop "
@@ -240,7 +249,8 @@ def _tune(
                 exp = _fit_resources(exp, args, actual)
         # A node that cannot reach the storage would fail at its first checkpoint.
         S.check_reachable_from_nodes(storage)
-        dashboard = grafana.install_dashboard()
+        with R.warnings_on_stderr(grafana.__name__):
+            dashboard = grafana.install_dashboard()
         if dashboard:
             print(f"AMP Grafana dashboard: {dashboard}")
         new = name is None
@@ -266,7 +276,7 @@ def _build_tuner(
 
     exp_dir = S.join(storage, name)
     if args.resume:
-        R.fall_back_to_intact_checkpoints(exp_dir)
+        R.fall_back_to_intact_checkpoints(exp_dir, args.restart_damaged)
     try:
         tuner = T.build_tuner(exp, args, storage, name, restore=args.resume)
     except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2

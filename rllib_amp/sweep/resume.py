@@ -269,27 +269,44 @@ def can_restore(exp_dir: str) -> bool:
         return False
 
 
-def fall_back_to_intact_checkpoints(exp_dir: str) -> None:
-    """Before Tuner.restore: trials whose latest checkpoint is damaged resume from their newest
-    intact one (checkpoint_fallback logs a WARNING naming both)."""
+@contextlib.contextmanager
+def warnings_on_stderr(logger_name: str) -> Any:
+    """Within it, the WARNINGs of logger ``logger_name`` are shown as "WARNING ..." on stderr
+    whatever logging this process has set up (none: the CLI is the program), and only once."""
     import logging
 
-    from rllib_amp.checkpoints import fallback as checkpoint_fallback
-
-    # Shown as "WARNING ..." on stderr whatever logging this process has set up (none: the
-    # CLI is the program), and only once.
-    logger = logging.getLogger(checkpoint_fallback.__name__)
+    logger = logging.getLogger(logger_name)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     propagate, logger.propagate = logger.propagate, False
     logger.addHandler(handler)
     try:
-        checkpoint_fallback.resume_from_intact_checkpoints(exp_dir)
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def fall_back_to_intact_checkpoints(exp_dir: str, restart_damaged: bool = False) -> None:
+    """Before Tuner.restore: trials whose latest checkpoint is damaged resume from their newest
+    intact one (checkpoint_fallback logs a WARNING naming both). Exit 2 for a trial to resume
+    with no intact checkpoint left, unless ``restart_damaged`` (--restart-damaged): then it
+    runs again from its first iteration."""
+    from rllib_amp.checkpoints import fallback as checkpoint_fallback
+
+    try:
+        with warnings_on_stderr(checkpoint_fallback.__name__):
+            checkpoint_fallback.resume_from_intact_checkpoints(
+                exp_dir, restart_damaged=restart_damaged
+            )
+    except checkpoint_fallback.NoIntactCheckpointError as e:
+        raise UsageError(
+            f"--resume: {e}; nothing was changed. Start anew with another --name, or pass "
+            f"--restart-damaged to run that trial again from its first iteration (its damaged "
+            f"checkpoints are kept as checkpoint_NNNNNN{checkpoint_fallback.DAMAGED_SUFFIX})"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:  # TypeError, KeyError: bad state
         raise UsageError(
             f"--resume: cannot read the checkpoints at {exp_dir} ({root_error(e)}); check the "
             f"storage, or start anew with another --name"
         ) from None
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate

@@ -62,3 +62,115 @@ def test_killed_trial_restores_from_its_checkpoint_and_finishes(tmp_path, tiny_f
     assert amp(first)["amp_grad_scale"] >= 1.0
     table = pq.read_table(str(tmp_path / "faults" / "results.parquet")).to_pylist()
     assert [r["status"] for r in table] == ["DONE"]
+
+
+def _interrupt_with_checkpoints(tmp_path, tiny_file, trial_results, name, iterations):
+    """A one-trial sweep stopped by SIGINT once its trial has saved checkpoints: the command
+    and the trial folder."""
+    import ray
+
+    config = tiny_file(tmp_path, iterations=iterations, scales=[1024.0])
+    cmd = [
+        sys.executable, "-m", "rllib_amp.tune", "--config", config,
+        "--address", ray.get_runtime_context().gcs_address,
+        "--storage-path", str(tmp_path), "--name", name,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pattern = str(tmp_path / name / "*" / "result.json")
+    deadline = time.time() + 300
+    trial = None
+    while time.time() < deadline and trial is None:
+        for f in glob.glob(pattern):
+            if len(trial_results(f)) >= 3:
+                trial = os.path.dirname(f)
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    assert trial, "could not catch the trial mid-run"
+    return cmd, trial
+
+
+def _truncate_biggest_file(checkpoint: str) -> None:
+    biggest = max(
+        (os.path.join(d, f) for d, _, fs in os.walk(checkpoint) for f in fs), key=os.path.getsize
+    )
+    with open(biggest, "r+b") as f:
+        f.truncate(os.path.getsize(biggest) // 2)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_trial(
+    tmp_path, tiny_file, trial_results
+):
+    cmd, trial = _interrupt_with_checkpoints(tmp_path, tiny_file, trial_results, "stranded", 50)
+    saved = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))
+    assert saved
+    for checkpoint in saved:
+        _truncate_biggest_file(checkpoint)
+    results_before = len(trial_results(os.path.join(trial, "result.json")))
+
+    out = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
+
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "RayTaskError" not in out.stderr
+    # (Ray's own INFO lines about joining the test session's Ray are not ours.)
+    lines = [line for line in out.stderr.splitlines() if line and "INFO worker.py" not in line]
+    assert len(lines) == 1, out.stderr[-3000:]
+    assert os.path.basename(trial) in lines[0] and "no intact checkpoint" in lines[0]
+    assert "--restart-damaged" in lines[0]
+    # Refused before anything changed: the damaged checkpoints stay where they were, and the
+    # trial did not run.
+    assert sorted(glob.glob(os.path.join(trial, "checkpoint_*"))) == saved
+    assert len(trial_results(os.path.join(trial, "result.json"))) == results_before
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_restart_damaged_runs_a_trial_without_intact_checkpoints_again(
+    tmp_path, tiny_file, trial_results
+):
+    cmd, trial = _interrupt_with_checkpoints(tmp_path, tiny_file, trial_results, "restart", 10)
+    saved = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))
+    for checkpoint in saved:
+        _truncate_biggest_file(checkpoint)
+
+    out = subprocess.run(
+        cmd + ["--resume", "--restart-damaged"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    warning = [line for line in out.stderr.splitlines() if line.startswith("WARNING")]
+    assert any(os.path.basename(trial) in w and "from scratch" in w for w in warning), warning
+    for checkpoint in saved:  # kept aside for inspection, never deleted
+        assert os.path.isdir(checkpoint + ".damaged"), checkpoint
+    rs = trial_results(os.path.join(trial, "result.json"))
+    assert rs[-1]["done"]
+    # Started again from its first iteration: no restore took place.
+    assert rs[-1]["iterations_since_restore"] == rs[-1]["training_iteration"]
+    table = pq.read_table(str(tmp_path / "restart" / "results.parquet")).to_pylist()
+    assert [r["status"] for r in table] == ["DONE"]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_grafana_folder_that_is_a_file_does_not_stop_the_sweep(tmp_path, tiny_file):
+    import ray
+
+    from rllib_amp.sweep import grafana
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the dashboard folder should be")
+    config = tiny_file(tmp_path, iterations=1, scales=[1024.0])
+    cmd = [
+        sys.executable, "-m", "rllib_amp.tune", "--config", config,
+        "--address", ray.get_runtime_context().gcs_address,
+        "--storage-path", str(tmp_path), "--name", "grafana",
+    ]  # fmt: skip
+    env = {**os.environ, grafana.GRAFANA_OUTPUT_DIR_ENV: str(blocker / "dashboards")}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    warning = [line for line in out.stderr.splitlines() if "Grafana dashboard" in line]
+    assert len(warning) == 1, out.stderr[-3000:]
+    assert warning[0].startswith("WARNING") and f"{blocker} is a file" in warning[0]
+    assert "AMP Grafana dashboard:" not in out.stdout
+    table = pq.read_table(str(tmp_path / "grafana" / "results.parquet")).to_pylist()
+    assert [r["status"] for r in table] == ["DONE"]

@@ -18,6 +18,7 @@ from ray.tune.trainable.metadata import _TrainingRunMetadata
 from rllib_amp.checkpoint_files import write_manifest
 from rllib_amp.checkpoints.fallback import (
     STATE_BACKUP_SUFFIX,
+    NoIntactCheckpointError,
     newest_intact_checkpoint,
     resume_from_intact_checkpoints,
 )
@@ -141,8 +142,9 @@ def test_trial_folder_on_s3_by_pyarrow_uri(tmp_path, monkeypatch):
         server.stop()
 
 
-def _experiment(tmp_path, trial_names):
-    """A Tune experiment folder whose state records 3 checkpoints per trial, as Tune writes it."""
+def _experiment(tmp_path, trial_names, finished=()):
+    """A Tune experiment folder whose state records 3 checkpoints per trial, as Tune writes it;
+    the trials named in ``finished`` are TERMINATED."""
     exp = tmp_path / "sweep"
     trial_data = []
     for name in trial_names:
@@ -156,7 +158,10 @@ def _experiment(tmp_path, trial_names):
                     metrics={"training_iteration": i + 1},
                 )
             )
-        trial_data.append([json.dumps({"trial_id": name}), metadata.get_json_state()])
+        status = "TERMINATED" if name in finished else "PENDING"
+        trial_data.append(
+            [json.dumps({"trial_id": name, "status": status}), metadata.get_json_state()]
+        )
     state = {"trial_data": trial_data, "runner_data": {"x": 1}, "stats": {"start_time": 1.0}}
     older = exp / "experiment_state-2026-01-01_00-00-00.json"
     older.write_text(json.dumps(state))
@@ -225,3 +230,47 @@ def test_resume_needs_an_experiment_folder(tmp_path):
     _trial(tmp_path / "trial_a")
     with pytest.raises(FileNotFoundError, match="experiment_state"):
         resume_from_intact_checkpoints(tmp_path)
+
+
+def test_a_trial_to_resume_without_an_intact_checkpoint_is_refused_before_any_change(tmp_path):
+    exp, _, newest = _experiment(tmp_path, ["trial_a", "trial_b"])
+    _damage(exp / "trial_b" / "checkpoint_000002")  # would fall back, but nothing may move
+    for i in range(3):
+        _damage(exp / "trial_a" / f"checkpoint_{i:06d}")
+    before = newest.read_bytes()
+    with pytest.raises(NoIntactCheckpointError) as caught:
+        resume_from_intact_checkpoints(exp)
+    assert [os.path.basename(c.trial_dir) for c in caught.value.stranded] == ["trial_a"]
+    message = str(caught.value)
+    assert message.startswith(
+        "trial trial_a has no intact checkpoint left (checkpoint_000002/algorithm_state.pkl has 5 "
+    )
+    assert "\n" not in message
+    assert newest.read_bytes() == before
+    assert not list(exp.glob("*/*.damaged*"))
+    assert not (exp / (newest.name + STATE_BACKUP_SUFFIX)).exists()
+
+
+def test_a_finished_trial_without_an_intact_checkpoint_does_not_stop_a_resume(tmp_path):
+    exp, _, newest = _experiment(tmp_path, ["trial_a", "trial_b"], finished=["trial_a"])
+    for i in range(3):
+        _damage(exp / "trial_a" / f"checkpoint_{i:06d}")
+    choices = resume_from_intact_checkpoints(exp)
+    assert [c.intact for c in choices if c.damaged] == [None]
+    assert (exp / "trial_a" / "checkpoint_000000").is_dir()  # all it has: left in place
+
+
+def test_restart_damaged_starts_a_trial_without_an_intact_checkpoint_again(tmp_path, caplog):
+    exp, _, newest = _experiment(tmp_path, ["trial_a", "trial_b"])
+    for i in range(3):
+        _damage(exp / "trial_a" / f"checkpoint_{i:06d}")
+    caplog.set_level(logging.WARNING, logger="rllib_amp")
+    resume_from_intact_checkpoints(exp, restart_damaged=True)
+    latest, results = _latest(newest, 0)
+    assert latest is None and results == []  # Tune has no checkpoint to restore it from
+    latest_b, _ = _latest(newest, 1)
+    assert latest_b.checkpoint.path == str(exp / "trial_b" / "checkpoint_000002")
+    assert sorted(p.name for p in (exp / "trial_a").iterdir()) == [
+        f"checkpoint_{i:06d}.damaged" for i in range(3)
+    ]
+    assert [r.getMessage() for r in caplog.records if "from scratch" in r.getMessage()]
