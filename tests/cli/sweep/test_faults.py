@@ -124,6 +124,7 @@ def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_trial(
     assert len(trial_results(os.path.join(trial, "result.json"))) == results_before
 
 
+@pytest.mark.slow  # a sweep, its interruption and a resume that trains again: 35-40 s
 @pytest.mark.usefixtures("ray_local")
 def test_restart_damaged_runs_a_trial_without_intact_checkpoints_again(
     tmp_path, tiny_file, trial_results
@@ -151,6 +152,7 @@ def test_restart_damaged_runs_a_trial_without_intact_checkpoints_again(
     assert [r["status"] for r in table] == ["DONE"]
 
 
+@pytest.mark.slow  # a real sweep (about 20 s); tests/unit/sweep/test_grafana.py covers each case
 @pytest.mark.usefixtures("ray_local")
 def test_a_grafana_folder_that_is_a_file_does_not_stop_the_sweep(tmp_path, tiny_file):
     import ray
