@@ -20,6 +20,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 EXIT_INTERRUPTED = 130
 
 
+def signal_exit_status(signum: int) -> int:
+    """What a shell reports for a command ended by signal ``signum``: 130 SIGINT, 143 SIGTERM.
+
+    Example:
+        >>> signal_exit_status(15)
+        143
+    """
+    return 128 + signum
+
+
 class UsageError(Exception):
     """Bad command-line input: reported as one line, exit status 2."""
 

@@ -9,7 +9,8 @@ folder. Storage is a local path, a shared mount or a URI (``s3://``, ``gs://``, 
 a multi-node cluster, that every node reaches the storage; on a local Ray, that a trial's
 resources fit the machine (``--fit-to-machine`` scales them down). Exit status: 0 success,
 1 a trial failed or did not finish, 2 bad input (anything knowable before the first trial
-starts), 130 interrupted (Ctrl-C; ``--resume`` continues).
+starts), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (``ray job stop``, a scheduler;
+after either, ``--resume`` continues).
 
 Example:
     python -m rllib_amp.tune --set stop.training_iteration=2 --num-samples 1
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rllib_amp.cli import EXIT_INTERRUPTED, Parser, UsageError, main_wrapper, root_error
+from rllib_amp.cli import Parser, UsageError, main_wrapper, root_error, signal_exit_status
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import storage as S
@@ -174,8 +175,14 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
     if address is not None:
         probe_address(address, where)
     S.check_writable(storage)
-    exp, name, grid, interrupted = _tune(exp, args, storage, name, spec, address, where, notices)
-    return _report(exp, args, grid, storage, name, interrupted)
+    from rllib_amp.sweep import tuner as T
+
+    # A second signal must not cut the summary short either; the lock outlives both.
+    with R.locks_released(), T.StopOnSignals():
+        if name is not None:  # a new run's name is locked as it is taken
+            R.lock(storage, name, "--resume" if args.resume else "--name")
+        exp, name, grid, stopped = _tune(exp, args, storage, name, spec, address, where, notices)
+        return _report(exp, args, grid, storage, name, stopped)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -220,11 +227,11 @@ def _tune(
     address: str | None,
     where: str,
     notices: Any,
-) -> tuple[Any, str, Any, bool]:
+) -> tuple[Any, str, Any, int]:
     """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
-    result grid, whether Ctrl-C ended it)``. A new run (``name`` None) takes its name once
-    every check has passed, so a refused start leaves no folder. Everything that fails before
-    the first trial is exit 2."""
+    result grid, the signal that stopped it or 0)``. A new run (``name`` None) takes its name
+    once every check has passed, so a refused start leaves no folder. Everything that fails
+    before the first trial is exit 2."""
     import ray
 
     from rllib_amp.sweep import grafana
@@ -296,10 +303,11 @@ def _build_tuner(
 
 
 def _report(
-    exp: Any, args: argparse.Namespace, grid: Any, storage: str, name: str, interrupted: bool
+    exp: Any, args: argparse.Namespace, grid: Any, storage: str, name: str, interrupted: int
 ) -> int:
     """Prints the trials, the best checkpoint and the recommendation, writes results.parquet;
-    the exit status: 0 all done, 1 a trial failed or did not finish, 130 interrupted."""
+    the exit status: 0 all done, 1 a trial failed or did not finish, 128 + the signal that
+    stopped it (130 SIGINT, 143 SIGTERM)."""
     from rllib_amp.sweep import figure, groups, recommend, summary
 
     exp_dir = S.join(storage, name)
@@ -331,7 +339,7 @@ def _report(
     for r in failed:
         print(f"trial {r['trial_id']} failed: {r['error']}")
     if interrupted:
-        return EXIT_INTERRUPTED
+        return signal_exit_status(interrupted)
     return 1 if failed or unfinished else 0
 
 

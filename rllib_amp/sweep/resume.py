@@ -19,11 +19,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import re
 import shlex
+import socket
+from collections.abc import Iterator
 from typing import Any
 
+from rllib_amp import fs as files
 from rllib_amp.checks import dotted
 from rllib_amp.cli import UsageError, root_error
 from rllib_amp.sweep import storage as S
@@ -38,6 +42,10 @@ _STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
 _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
 # Tries at a fresh name before giving up: each failed try means another run took that name.
 _MAX_NAME_TRIES = 1000
+# In the experiment folder while a command runs it: who (host, pid) and since when.
+LOCK_FILE = "rllib_amp.lock"
+# The locks this process holds (their locations), taken under ``locks_released``.
+_held: list[str] = []
 
 
 def check_name(name: str, where: str = "--name") -> None:
@@ -113,7 +121,7 @@ def new_run_name(base: str, storage: str) -> str:
         name = timestamped(base, now, n)
         location = S.join(storage, name)
         if S.is_uri(storage):
-            if not S.exists(location):
+            if not S.exists(location) and _try_lock(storage, name) is None:
                 return name
             continue
         try:
@@ -123,6 +131,7 @@ def new_run_name(base: str, storage: str) -> str:
             continue
         except OSError:
             return name  # not writable: the run's check_writable names the storage and fix
+        lock(storage, name)
         return name
     raise UsageError(
         f"--name: {_MAX_NAME_TRIES} runs of {base!r} started at {now:%H:%M:%S} in {storage}; "
@@ -133,11 +142,131 @@ def new_run_name(base: str, storage: str) -> str:
 def release(storage: str, name: str) -> None:
     """Removes the folder ``new_run_name`` made if the run left nothing in it (it failed
     before Tune wrote), so an empty folder is never taken for a run."""
+    unlock(S.join(storage, name, LOCK_FILE))
     if S.is_uri(storage):
         return
     # It holds the run's files, or is gone: either way it stays as it is.
     with contextlib.suppress(OSError):
         os.rmdir(S.join(storage, name))
+
+
+@contextlib.contextmanager
+def locks_released() -> Iterator[None]:
+    """Releases, on the way out (an error, Ctrl-C, SIGTERM included), every experiment lock
+    ``lock`` took within it."""
+    start = len(_held)
+    try:
+        yield
+    finally:
+        while len(_held) > start:
+            unlock(_held.pop())
+
+
+def lock(storage: str, name: str, where: str = "--name") -> None:
+    """Takes experiment ``name``'s lock, a file in its folder naming this host and pid, so a
+    second command on the same experiment (the same --name started twice, a --resume while
+    it runs) is refused with exit 2 instead of writing into it. Released by ``unlock`` or on
+    leaving ``locks_released``.
+
+    Stale rule: a lock whose pid is not alive on this host is taken over. A lock from another
+    host is never judged stale (its pid cannot be checked from here); the refusal names the
+    file to delete once that run is known to be gone. Locally the create is atomic; on an
+    object store it is a check then a write (pyarrow offers no conditional put), so two
+    commands started within the same moment are not told apart there."""
+    owner = _try_lock(storage, name)
+    if owner is not None:
+        raise UsageError(_locked_message(storage, name, where, owner))
+
+
+def check_unlocked(storage: str, name: str, where: str) -> None:
+    """Exit 2 when a live run holds experiment ``name``'s lock (before any other check, so
+    the answer names the run that has it, not what it wrote)."""
+    location = S.join(storage, name, LOCK_FILE)
+    try:
+        owner = _owner_of(location)
+    except (OSError, S.StorageError):
+        return  # unreachable storage: the run's check_writable names it
+    if owner is not None and not _is_stale(owner):
+        raise UsageError(_locked_message(storage, name, where, owner))
+
+
+def unlock(location: str) -> None:
+    """Removes the lock at ``location`` if this process holds it."""
+    with contextlib.suppress(OSError, S.StorageError):
+        if _owner_of(location) == _me():
+            S.delete_file(location)
+    with contextlib.suppress(ValueError):
+        _held.remove(location)
+
+
+def _try_lock(storage: str, name: str) -> dict[str, Any] | None:
+    """Takes the lock (None), or returns its live owner. A stale lock is taken over."""
+    location = S.join(storage, name, LOCK_FILE)
+    fs, path = S.filesystem(location)
+    for _ in range(3):
+        if files.create_exclusive(fs, path, json.dumps(_me()).encode()):
+            _held.append(location)
+            return None
+        owner = _owner_of(location)
+        if owner is None:
+            continue  # removed in between: try again
+        if not _is_stale(owner):
+            return owner
+        print(
+            f"{name}: taking over the lock of pid {owner.get('pid')}, which is no longer "
+            f"running on this host ({location})"
+        )
+        S.delete_file(location)
+    return _owner_of(location) or {}
+
+
+def _me() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _owner_of(location: str) -> dict[str, Any] | None:
+    """The lock's owner; None without a lock; ``{}`` for one being written or unreadable
+    (judged live: its owner may be writing it right now)."""
+    try:
+        data = S.read_bytes(location)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        if not S.exists(location):  # object stores' "no such key" is not always typed
+            return None
+        raise
+    try:
+        owner = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _is_stale(owner: dict[str, Any]) -> bool:
+    pid = owner.get("pid")
+    if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
+
+def _locked_message(storage: str, name: str, where: str, owner: dict[str, Any]) -> str:
+    location = S.join(storage, name, LOCK_FILE)
+    who = (
+        f"pid {owner['pid']} on {owner['host']}"
+        if {"pid", "host"} <= owner.keys()
+        else "another command (its lock is being written or unreadable)"
+    )
+    return (
+        f"{where}: experiment {name!r} at {S.join(storage, name)} is in use by {who}; wait "
+        f"for it to end, or stop it (SIGINT or SIGTERM; --resume continues it later). If that "
+        f"run is gone, delete {location}"
+    )
 
 
 def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> str | None:
@@ -147,6 +276,8 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
     if name is not None:
         check_name(name)
         exp_dir = S.join(storage, name)
+        if resume:
+            check_unlocked(storage, name, "--resume")
         if resume and not can_restore(exp_dir):
             raise UsageError(
                 f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of "
@@ -165,6 +296,7 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
             f"--resume: no experiment of {base!r} to continue at {where}; pass the --name "
             f"and --storage-path of the interrupted run"
         )
+    check_unlocked(storage, newest, "--resume")
     print(f"--resume: continuing the newest run of {base!r}: {newest}")
     return newest
 
@@ -172,6 +304,7 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
 def refuse_taken(storage: str, name: str) -> None:
     """Exit 2 when an experiment named ``name`` (given with --name) is already in
     ``storage``: Tune would start a new one in its folder and orphan the old trials."""
+    check_unlocked(storage, name, "--name")
     exp_dir = S.join(storage, name)
     if taken(exp_dir):
         raise UsageError(
@@ -254,9 +387,17 @@ def resume_command(args: argparse.Namespace, exp: Any, name: str, storage: str) 
 def taken(exp_dir: str) -> bool:
     """Whether an experiment (anything) is at ``exp_dir``. Storage that cannot be reached is
     not judged here: --dry-run touches no storage, and a real run's check_writable names it."""
+    import pyarrow.fs as pafs
+
     try:
-        return S.has_contents(exp_dir)
-    except OSError:
+        fs, path = S.filesystem(exp_dir)
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            return True
+        selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+        # A lone lock is a run that ended before writing anything (its stale lock is taken
+        # over): nothing to resume or to lose.
+        return any(i.base_name != LOCK_FILE for i in fs.get_file_info(selector))
+    except (OSError, S.StorageError):
         return False
 
 

@@ -1,5 +1,5 @@
 """Tune wiring: the Tuner of a new or resumed experiment, its progress table with the AMP
-columns, and ``fit`` that tells an interrupted run (Ctrl-C) from a finished one.
+columns, and ``fit`` that stops on SIGINT or SIGTERM with the experiment state saved.
 
 Example:
     >>> r = {"env_runners": {}}
@@ -11,8 +11,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import os
 import signal
+import sys
 import threading
 from functools import partial
 from typing import Any
@@ -118,19 +121,100 @@ def no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: Any)
     node.setdefault(leaf, math.nan)
 
 
-def fit(tuner: Any) -> tuple[Any, bool]:
-    """``tuner.fit()`` and whether Ctrl-C ended it. Tune catches the first SIGINT, saves the
-    experiment and returns; its handler then puts back the one it found, which is how the
-    marker installed here tells an interrupted run from a finished one."""
-    if threading.current_thread() is not threading.main_thread():
-        return tuner.fit(), False
+def fit(tuner: Any) -> tuple[Any, int]:
+    """``tuner.fit()`` and the signal that stopped it (0: none), under the ``StopOnSignals``
+    the caller holds (one that also writes the summary after the fit), else under its own."""
+    if _active:
+        return _fit(tuner, _active[-1])
+    with StopOnSignals() as stop:
+        return _fit(tuner, stop)
 
-    def marker(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, marker)
+def _fit(tuner: Any, stop: StopOnSignals) -> tuple[Any, int]:
+    stop.install()  # again: ray.init, since the caller's entered, puts its own on SIGTERM
     try:
-        grid = tuner.fit()
-        return grid, signal.getsignal(signal.SIGINT) is marker
+        return tuner.fit(), stop.signum
     finally:
-        signal.signal(signal.SIGINT, previous)
+        stop.fitted = True
+
+
+class StopOnSignals:
+    """SIGINT (Ctrl-C) and SIGTERM (``ray job stop``, schedulers) both stop Tune the way its
+    own Ctrl-C handling does: it saves the experiment state and returns. A further signal
+    (while Tune saves, or while the summary is written) is reported and otherwise ignored:
+    raising there would cut the state file short in the middle of its upload. A first signal
+    before Tune's loop starts (nothing to save yet) or after it ended without one raises
+    KeyboardInterrupt. ``signum``: the signal that stopped the run, 0 none. Outside the main
+    thread it installs nothing."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.fitted = False
+        self._previous: dict[int, Any] = {}
+        self._before_tune: Any = None
+        self._disabled: str | None = None
+
+    def __enter__(self) -> StopOnSignals:
+        _active.append(self)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._before_tune = signal.getsignal(signal.SIGUSR1)
+        self._previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.install()
+        self._disabled = os.environ.get(_TUNE_SIGINT_ENV)
+        os.environ[_TUNE_SIGINT_ENV] = "1"
+        logging.getLogger("ray.tune.tune").addFilter(_drop_tune_stop_advice)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _active.remove(self)
+        if not self._previous:
+            return
+        logging.getLogger("ray.tune.tune").removeFilter(_drop_tune_stop_advice)
+        if self._disabled is None:
+            os.environ.pop(_TUNE_SIGINT_ENV, None)
+        else:
+            os.environ[_TUNE_SIGINT_ENV] = self._disabled
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        signal.signal(signal.SIGUSR1, self._before_tune)
+        self._previous = {}
+
+    def install(self) -> None:
+        """Puts this object's handler on SIGINT and SIGTERM (leaving gives back the ones found
+        at entry)."""
+        if self._previous:
+            for s in self._previous:
+                signal.signal(s, self._stop)
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.signum:
+            _say(
+                f"{name}: still saving the experiment state and the summary; stopping once "
+                "they are written (SIGKILL stops at once and loses what is not saved)"
+            )
+            return
+        # Tune's stop handler is on SIGUSR1 from the start of its loop (Tune always installs
+        # it there); with TUNE_DISABLE_SIGINT_HANDLER, SIGINT is left to this handler.
+        tune_stop = signal.getsignal(signal.SIGUSR1)
+        if self.fitted or tune_stop is self._before_tune or not callable(tune_stop):
+            raise KeyboardInterrupt
+        self.signum = signum
+        _say(f"{name}: stopping; saving the experiment state")
+        tune_stop(signal.SIGUSR1, frame)
+
+
+def _say(line: str) -> None:
+    print(f"python -m rllib_amp.tune: {line}", file=sys.stderr, flush=True)
+
+
+# The StopOnSignals entered, innermost last: ``fit`` runs under the caller's.
+_active: list[StopOnSignals] = []
+# Tune's own SIGINT handler would leave SIGTERM out and let a second Ctrl-C interrupt the save.
+_TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
+
+
+def _drop_tune_stop_advice(record: logging.LogRecord) -> bool:
+    """Tune's stop warning says a second Ctrl-C skips the save, which ``fit`` prevents."""
+    return not str(record.msg).startswith("Stop signal received")

@@ -295,27 +295,30 @@ def test_ctrl_c_before_any_trial_is_exit_130(capsys):
 
 def test_fit_tells_an_interrupted_sweep_from_a_finished_one():
     class Tuner:
-        """Does what Tune does with SIGINT: its own handler, which puts back the previous."""
+        """Does what Tune's loop does with signals: a stop handler on SIGUSR1 always, on
+        SIGINT unless TUNE_DISABLE_SIGINT_HANDLER; the loop ends once it was called."""
 
-        def __init__(self, interrupt):
-            self.interrupt = interrupt
+        def __init__(self, *signals):
+            self.signals = signals
 
         def fit(self):
-            previous = signal.getsignal(signal.SIGINT)
-
-            def tune_handler(signum, frame):
-                signal.signal(signal.SIGINT, previous)
-
-            signal.signal(signal.SIGINT, tune_handler)
-            if self.interrupt:
-                os.kill(os.getpid(), signal.SIGINT)
+            stopped = []
+            signal.signal(signal.SIGUSR1, lambda signum, frame: stopped.append(signum))
+            if os.environ.get("TUNE_DISABLE_SIGINT_HANDLER") != "1":
+                signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))
+            for sig in self.signals:  # the second one arrives while the state is saved
+                os.kill(os.getpid(), sig)
                 time.sleep(0.1)
+            assert len(stopped) <= 1, "Tune was told to stop twice"
             return "grid"
 
-    before = signal.getsignal(signal.SIGINT)
-    assert T.fit(Tuner(False)) == ("grid", False)
-    assert T.fit(Tuner(True)) == ("grid", True)
-    assert signal.getsignal(signal.SIGINT) is before
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    assert T.fit(Tuner()) == ("grid", 0)
+    assert T.fit(Tuner(signal.SIGINT)) == ("grid", signal.SIGINT)
+    assert T.fit(Tuner(signal.SIGTERM, signal.SIGINT)) == ("grid", signal.SIGTERM)
+    assert T.fit(Tuner(signal.SIGINT, signal.SIGINT)) == ("grid", signal.SIGINT)
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert "TUNE_DISABLE_SIGINT_HANDLER" not in os.environ
 
 
 @pytest.mark.usefixtures("ray_local")

@@ -1,0 +1,84 @@
+"""Two `python -m rllib_amp.tune` on one experiment: the second is refused with exit 2 and one
+line, before Ray starts, and the first runs on untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from rllib_amp.sweep import main as cli
+from rllib_amp.sweep import resume as R
+
+
+@pytest.fixture
+def live_pid():
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.usefixtures("ray_must_not_start")
+@pytest.mark.parametrize(
+    ("flags", "where"),
+    [
+        (["--name", "exp"], "--name"),
+        (["--name", "exp", "--resume"], "--resume"),
+        (["--resume"], "--resume"),  # the newest run of the file
+    ],
+    ids=["same-name", "resume-by-name", "resume-newest"],
+)
+def test_a_command_on_a_locked_experiment_is_refused_before_ray(
+    tmp_path, tiny_file, capsys, live_pid, flags, where
+):
+    config = tiny_file(tmp_path)
+    name = "exp" if "--name" in flags else "tiny_2026-12-01_16-20-03"
+    folder = tmp_path / "runs" / name
+    folder.mkdir(parents=True)
+    (folder / R.LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": live_pid}))
+    (folder / "tuner.pkl").write_bytes(b"the running sweep's")
+    args = ["--config", config, "--storage-path", str(tmp_path / "runs"), *flags]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"python -m rllib_amp.tune: error: {where}: experiment {name!r}")
+    assert f"in use by pid {live_pid} on {socket.gethostname()}" in err
+    assert sorted(os.listdir(folder)) == sorted([R.LOCK_FILE, "tuner.pkl"])
+    assert (folder / "tuner.pkl").read_bytes() == b"the running sweep's"
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_resume_while_the_sweep_runs_is_refused_and_the_sweep_finishes(
+    tmp_path, tiny_file, trial_results
+):
+    import ray
+
+    config = tiny_file(tmp_path, iterations=3)
+    cmd = [
+        sys.executable, "-m", "rllib_amp.tune", "--config", config,
+        "--address", ray.get_runtime_context().gcs_address,
+        "--storage-path", str(tmp_path), "--name", "busy",
+    ]  # fmt: skip
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lock = tmp_path / "busy" / R.LOCK_FILE
+    deadline = time.time() + 120
+    while not lock.exists() and time.time() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    assert lock.exists(), "the first sweep took no lock"
+    for flags in ([], ["--resume"]):
+        second = subprocess.run(cmd + flags, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert second.stderr.count("\n") == 1, second.stderr
+        assert f"in use by pid {first.pid} on" in second.stderr
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out[-3000:]
+    assert not lock.exists()  # released at exit
+    rows = pq.read_table(str(tmp_path / "busy" / "results.parquet")).to_pylist()
+    assert len(rows) == 2 and all(r["status"] == "DONE" for r in rows)
