@@ -46,6 +46,8 @@ _MAX_NAME_TRIES = 1000
 LOCK_FILE = "rllib_amp.lock"
 # The locks this process holds (their locations), taken under ``locks_released``.
 _held: list[str] = []
+# Local folders that a lock created (removed with the lock when the run left nothing in them).
+_made_folders: set[str] = set()
 
 
 def check_name(name: str, where: str = "--name") -> None:
@@ -197,15 +199,26 @@ def unlock(location: str) -> None:
             S.delete_file(location)
     with contextlib.suppress(ValueError):
         _held.remove(location)
+    folder = os.path.dirname(location)
+    if folder in _made_folders:
+        _made_folders.discard(folder)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # only if empty: a run's files keep it
 
 
 def _try_lock(storage: str, name: str) -> dict[str, Any] | None:
     """Takes the lock (None), or returns its live owner. A stale lock is taken over."""
     location = S.join(storage, name, LOCK_FILE)
     fs, path = S.filesystem(location)
+    folder = S.join(storage, name)
+    # A folder the lock itself brings into being goes with it: a start refused later (storage
+    # unreachable from a node, say) leaves nothing behind.
+    new_folder = not S.is_uri(storage) and not os.path.exists(folder)
     for _ in range(3):
         if files.create_exclusive(fs, path, json.dumps(_me()).encode()):
             _held.append(location)
+            if new_folder:
+                _made_folders.add(folder)
             return None
         owner = _owner_of(location)
         if owner is None:
