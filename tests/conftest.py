@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import textwrap
 
@@ -174,3 +176,27 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "command start times (2-core target: under 1.5 s idle)")
         for label, seconds in rows:
             terminalreporter.write_line(f"{seconds:6.2f} s  {label}")
+
+
+@pytest.fixture
+def session_sweep(ray_local):
+    """``session_sweep(config, storage, name, *extra)``: the argv of ``python -m rllib_amp.tune``
+    in a child process that joins the test session's Ray."""
+
+    def command(config, storage, name, *extra):
+        address = ray_local.get_runtime_context().gcs_address
+        return [
+            sys.executable, "-m", "rllib_amp.tune", "--config", str(config),
+            "--address", address, "--storage-path", str(storage), "--name", name, *extra,
+        ]  # fmt: skip
+
+    return command
+
+
+@pytest.fixture
+def live_pid():
+    """The pid of a live process of this host that is not this one."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()

@@ -6,7 +6,6 @@ import glob
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
@@ -14,15 +13,11 @@ import pytest
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_killed_trial_restores_from_its_checkpoint_and_finishes(tmp_path, tiny_file, trial_results):
-    import ray
-
+def test_killed_trial_restores_from_its_checkpoint_and_finishes(
+    tmp_path, tiny_file, trial_results, session_sweep
+):
     config = tiny_file(tmp_path, iterations=10, scales=[1024.0])
-    cmd = [
-        sys.executable, "-m", "rllib_amp.tune", "--config", config,
-        "--address", ray.get_runtime_context().gcs_address,
-        "--storage-path", str(tmp_path), "--name", "faults",
-    ]  # fmt: skip
+    cmd = session_sweep(config, tmp_path, "faults")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pattern = str(tmp_path / "faults" / "*" / "result.json")
     deadline = time.time() + 300
@@ -64,17 +59,14 @@ def test_killed_trial_restores_from_its_checkpoint_and_finishes(tmp_path, tiny_f
     assert [r["status"] for r in table] == ["DONE"]
 
 
-def _interrupt_with_checkpoints(tmp_path, tiny_file, trial_results, name, iterations):
+def _interrupt_with_checkpoints(
+    tmp_path, tiny_file, trial_results, session_sweep, name, iterations
+):
     """A one-trial sweep stopped by SIGINT once its trial has saved checkpoints: the command
     and the trial folder."""
-    import ray
 
     config = tiny_file(tmp_path, iterations=iterations, scales=[1024.0])
-    cmd = [
-        sys.executable, "-m", "rllib_amp.tune", "--config", config,
-        "--address", ray.get_runtime_context().gcs_address,
-        "--storage-path", str(tmp_path), "--name", name,
-    ]  # fmt: skip
+    cmd = session_sweep(config, tmp_path, name)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pattern = str(tmp_path / name / "*" / "result.json")
     deadline = time.time() + 300
@@ -100,9 +92,11 @@ def _truncate_biggest_file(checkpoint: str) -> None:
 
 @pytest.mark.usefixtures("ray_local")
 def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_trial(
-    tmp_path, tiny_file, trial_results
+    tmp_path, tiny_file, trial_results, session_sweep
 ):
-    cmd, trial = _interrupt_with_checkpoints(tmp_path, tiny_file, trial_results, "stranded", 50)
+    cmd, trial = _interrupt_with_checkpoints(
+        tmp_path, tiny_file, trial_results, session_sweep, "stranded", 50
+    )
     saved = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))
     assert saved
     for checkpoint in saved:
@@ -127,9 +121,11 @@ def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_trial(
 @pytest.mark.slow  # a sweep, its interruption and a resume that trains again: 35-40 s
 @pytest.mark.usefixtures("ray_local")
 def test_restart_damaged_runs_a_trial_without_intact_checkpoints_again(
-    tmp_path, tiny_file, trial_results
+    tmp_path, tiny_file, trial_results, session_sweep
 ):
-    cmd, trial = _interrupt_with_checkpoints(tmp_path, tiny_file, trial_results, "restart", 10)
+    cmd, trial = _interrupt_with_checkpoints(
+        tmp_path, tiny_file, trial_results, session_sweep, "restart", 10
+    )
     saved = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))
     for checkpoint in saved:
         _truncate_biggest_file(checkpoint)
@@ -154,19 +150,15 @@ def test_restart_damaged_runs_a_trial_without_intact_checkpoints_again(
 
 @pytest.mark.slow  # a real sweep (about 20 s); tests/unit/sweep/test_grafana.py covers each case
 @pytest.mark.usefixtures("ray_local")
-def test_a_grafana_folder_that_is_a_file_does_not_stop_the_sweep(tmp_path, tiny_file):
-    import ray
-
+def test_a_grafana_folder_that_is_a_file_does_not_stop_the_sweep(
+    tmp_path, tiny_file, session_sweep
+):
     from rllib_amp.sweep import grafana
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the dashboard folder should be")
     config = tiny_file(tmp_path, iterations=1, scales=[1024.0])
-    cmd = [
-        sys.executable, "-m", "rllib_amp.tune", "--config", config,
-        "--address", ray.get_runtime_context().gcs_address,
-        "--storage-path", str(tmp_path), "--name", "grafana",
-    ]  # fmt: skip
+    cmd = session_sweep(config, tmp_path, "grafana")
     env = {**os.environ, grafana.GRAFANA_OUTPUT_DIR_ENV: str(blocker / "dashboards")}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
@@ -15,14 +14,6 @@ import pytest
 
 from rllib_amp.sweep import main as cli
 from rllib_amp.sweep import resume as R
-
-
-@pytest.fixture
-def live_pid():
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
 
 
 @pytest.mark.usefixtures("ray_must_not_start")
@@ -56,16 +47,10 @@ def test_a_command_on_a_locked_experiment_is_refused_before_ray(
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_resume_while_the_sweep_runs_is_refused_and_the_sweep_finishes(
-    tmp_path, tiny_file, trial_results
+    tmp_path, tiny_file, trial_results, session_sweep
 ):
-    import ray
-
     config = tiny_file(tmp_path, iterations=3)
-    cmd = [
-        sys.executable, "-m", "rllib_amp.tune", "--config", config,
-        "--address", ray.get_runtime_context().gcs_address,
-        "--storage-path", str(tmp_path), "--name", "busy",
-    ]  # fmt: skip
+    cmd = session_sweep(config, tmp_path, "busy")
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lock = tmp_path / "busy" / R.LOCK_FILE
     deadline = time.time() + 120

@@ -116,16 +116,10 @@ def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys, tiny_file
 
 @pytest.mark.usefixtures("ray_local")
 def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
-    tmp_path, tiny_file, trial_results
+    tmp_path, tiny_file, trial_results, session_sweep
 ):
-    import ray
-
     config = tiny_file(tmp_path, iterations=12)
-    cmd = [
-        sys.executable, "-m", "rllib_amp.tune", "--config", config,
-        "--address", ray.get_runtime_context().gcs_address,
-        "--storage-path", str(tmp_path), "--name", "resume",
-    ]  # fmt: skip
+    cmd = session_sweep(config, tmp_path, "resume")
     log = open(tmp_path / "first.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     pattern = str(tmp_path / "resume" / "*" / "result.json")
@@ -267,14 +261,14 @@ def test_infeasible_trial_on_a_local_ray_exits_2_within_30_s(tmp_path, sets, nee
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(tmp_path, tiny_file):
+def test_on_a_cluster_address_a_trial_that_does_not_fit_yet_waits(
+    tmp_path, tiny_file, session_sweep
+):
     """With --address the CLI does not judge resources: an autoscaler may add the nodes, so
     a trial that does not fit now is PENDING, not an error."""
-    import ray
 
-    cmd = [sys.executable, "-m", "rllib_amp.tune", "--config", tiny_file(tmp_path),
-           "--address", ray.get_runtime_context().gcs_address, "--storage-path", str(tmp_path),
-           "--name", "pending", "--set", "resources.num_env_runners=64"]  # fmt: skip
+    cmd = session_sweep(tiny_file(tmp_path), tmp_path, "pending",
+                        "--set", "resources.num_env_runners=64")  # fmt: skip
     log = open(tmp_path / "out.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
@@ -406,10 +400,9 @@ def test_default_job_answers_per_setting_within_five_minutes(tmp_path):
 
 # -- quiet output ---------------------------------------------------------------------------
 @pytest.mark.usefixtures("ray_local")
-def test_default_job_prints_no_snapshot_warnings(tmp_path):
+def test_default_job_prints_no_snapshot_warnings(tmp_path, session_sweep):
     """The default experiment's checkpoint cadence, on two of its trials (both at once, as in
     the default job): Tune's progress table and the summary, no repeated WARNING blocks."""
-    import ray
     import yaml
 
     with open(os.path.join(ROOT, cli.DEFAULT_CONFIG), encoding="utf-8") as f:
@@ -421,9 +414,7 @@ def test_default_job_prints_no_snapshot_warnings(tmp_path):
     config = tmp_path / "default_two_trials.yaml"
     config.write_text(yaml.safe_dump(default))
     proc = subprocess.run(
-        [sys.executable, "-m", "rllib_amp.tune", "--config", str(config),
-         "--address", ray.get_runtime_context().gcs_address,
-         "--storage-path", str(tmp_path), "--name", "quiet"],
+        session_sweep(config, tmp_path, "quiet"),
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     output = proc.stdout + proc.stderr

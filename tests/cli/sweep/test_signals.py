@@ -7,22 +7,15 @@ from __future__ import annotations
 import glob
 import signal
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
 import pytest
 
 
-def _start(tmp_path, tiny_file, name):
-    import ray
-
+def _start(tmp_path, tiny_file, session_sweep, name):
     config = tiny_file(tmp_path, iterations=4)
-    cmd = [
-        sys.executable, "-m", "rllib_amp.tune", "--config", config,
-        "--address", ray.get_runtime_context().gcs_address,
-        "--storage-path", str(tmp_path), "--name", name,
-    ]  # fmt: skip
+    cmd = session_sweep(config, tmp_path, name)
     log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return cmd, proc, log
@@ -59,10 +52,10 @@ def _resume_finishes(cmd, tmp_path, name):
     ids=["sigterm", "sigint-twice", "sigterm-then-sigint"],
 )
 def test_a_signal_saves_the_state_prints_resume_and_resume_finishes(
-    tmp_path, tiny_file, trial_results, signals, status
+    tmp_path, tiny_file, trial_results, session_sweep, signals, status
 ):
     name = "signalled"
-    cmd, proc, log = _start(tmp_path, tiny_file, name)
+    cmd, proc, log = _start(tmp_path, tiny_file, session_sweep, name)
     try:
         _wait_for_a_result(tmp_path, name, trial_results, proc)
         for i, sig in enumerate(signals):

@@ -14,15 +14,6 @@ from rllib_amp.sweep import resume as R
 
 
 @pytest.fixture
-def live_pid():
-    """The pid of a live process of this host that is not this one."""
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
-
-
-@pytest.fixture
 def dead_pid():
     proc = subprocess.Popen(["true"])
     proc.wait()
