@@ -6,14 +6,14 @@ Each override wraps RLlib's own method and hands the AMP part to the module that
                                    seeded by a warm start                      warm_start)
     _uncompiled_update             RLlib's update step, inside autocast
     compute_losses                 float32 into and out of the loss maths    (precision)
-    compute_gradients              scaled losses -> RLlib's backward ->       (loss_scaling)
+    compute_gradients              scaled losses -> RLlib's backward ->       (scaler_set)
                                    unscale; returns true-scale gradients
     postprocess_gradients          RLlib's grad_clip, outside autocast
-    apply_gradients                step or skip per module; no nan_to_num     (loss_scaling)
+    apply_gradients                step or skip per module; no nan_to_num     (scaler_set)
     _make_batch_if_necessary       the GAE value pass under autocast          (value_pass)
     _create_iterator_if_necessary  one copy per minibatch                     (minibatch)
-    after_gradient_based_update    metrics and skip warnings                  (learner_metrics)
-    get_state / set_state          scaler state, Adam fusing                  (checkpoint_state,
+    after_gradient_based_update    metrics and skip warnings                  (report)
+    get_state / set_state          scaler state, Adam fusing                  (scaling.state,
                                                                                fused_adam)
     restore_from_path              damaged files refused before any load      (checkpoint_files)
 
@@ -287,7 +287,7 @@ class AmpLearnerMixin(_MixinBase):
     @override(TorchLearner)
     def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
         # Before RLlib loads anything. An Algorithm restore has checked the whole checkpoint
-        # already (algorithm_checkpoints); this covers Learner / LearnerGroup restores and
+        # already (checkpoints.algorithm); this covers Learner / LearnerGroup restores and
         # learners on other nodes, which get a copy of their own folder only.
         verify_checkpoint(
             path, filesystem=kwargs.get("filesystem"), announce_missing_manifest=False
