@@ -14,6 +14,8 @@ Example:
     >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides=["amp.init_scale=1024"])
     >>> exp.get("amp.init_scale")
     1024
+    >>> exp.notes  # a --set on a searched key replaces that search entry, and says so
+    ()
     >>> config = exp.algorithm_config()  # a PPOConfig trained by rllib-amp's learner
 """
 
@@ -22,10 +24,15 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rllib_amp.experiment.dotted import TOP_KEYS, override_parts, with_override
+from rllib_amp.experiment.dotted import (
+    TOP_KEYS,
+    override_parts,
+    replaced_searches,
+    with_override,
+)
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
@@ -87,10 +94,14 @@ class Experiment:
         data: The normalised content (``schema.validate``'s result: defaults filled in,
             ``model`` always a mapping, ``search`` dotted key -> Sampler).
         path: Where it was read from (for messages), or "<dict>".
+        notes: One line per search entry an override replaced, e.g. "--set
+            amp.init_scale=1024 replaces the search over amp.init_scale (4 values)": the CLI
+            prints them, so that a fixed value never loses to a search without a word.
     """
 
     data: dict[str, Any]
     path: str = "<dict>"
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     # -- access ---------------------------------------------------------------------------
     @property
@@ -144,9 +155,14 @@ class Experiment:
         if not items:
             return self
         data = self.resolved()
+        notes = list(self.notes)
         for key, value in items:
+            # A fixed value replaces a search over the same key: otherwise Tune's sample of the
+            # search would overwrite it in every trial, and the --set would change nothing.
+            data, replaced = replaced_searches(data, key, value)
+            notes += replaced
             data = with_override(data, key, value, self.path)
-        return Experiment(validate(data, self.path), self.path)
+        return Experiment(validate(data, self.path), self.path, tuple(notes))
 
     # -- RLlib and Tune ---------------------------------------------------------------------
     def algorithm_config(self) -> AlgorithmConfig:

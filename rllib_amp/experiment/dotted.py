@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -120,3 +121,49 @@ def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> d
     if top == "model" and isinstance(data.get("model"), str):
         data = {**data, "model": {"preset": data["model"]}}
     return with_dotted(data, parts, value, key, path)
+
+
+def _covered(key: str, value: Any) -> set[str]:
+    """The dotted keys a ``--set key=value`` gives a value: ``key``, and every key inside a
+    mapping value (``--set amp={init_scale: 1024}`` sets ``amp.init_scale``)."""
+    out = {key}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            out |= _covered(f"{key}.{k}", v)
+    return out
+
+
+def _spec_text(spec: Any) -> str:
+    if isinstance(spec, Mapping) and len(spec) == 1:
+        kind, arg = next(iter(spec.items()))
+        if kind in ("grid", "choice") and isinstance(arg, list):
+            return f"{len(arg)} value{'s' if len(arg) != 1 else ''}"
+        return f"{kind} {arg}"
+    return str(spec)
+
+
+def replaced_searches(
+    data: Mapping[str, Any], key: str, value: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """``data`` without the search entries that ``--set key=value`` gives a fixed value, and
+    one line per entry dropped: a fixed value the user asked for must not lose to a search.
+
+    Example:
+        >>> data = {"search": {"amp.init_scale": {"grid": [1024.0, 65536.0]}}}
+        >>> data, lines = replaced_searches(data, "amp.init_scale", 4096.0)
+        >>> data
+        {'search': {}}
+        >>> print(lines[0])
+        --set amp.init_scale=4096.0 replaces the search over amp.init_scale (2 values)
+    """
+    search = data.get("search")
+    if key.split(".", 1)[0] == "search" or not isinstance(search, Mapping):
+        return dict(data), []
+    hit = [k for k in search if str(k) in _covered(key, value)]
+    if not hit:
+        return dict(data), []
+    shown = json.dumps(value, default=str) if isinstance(value, (Mapping, list)) else value
+    lines = [
+        f"--set {key}={shown} replaces the search over {k} ({_spec_text(search[k])})" for k in hit
+    ]
+    return {**data, "search": {k: v for k, v in search.items() if k not in hit}}, lines

@@ -144,6 +144,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     from rllib_amp import experiment as E
 
     exp = E.load(find_config(args.config), overrides=args.overrides)
+    for note in exp.notes:  # a --set on a searched key replaces that search entry
+        print(note)
     trials = _count_trials(exp, args.num_samples)
     if trials > args.max_trials:
         raise UsageError(

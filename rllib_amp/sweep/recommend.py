@@ -29,7 +29,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,8 @@ FILE = "recommended_amp.yaml"
 ALWAYS = ("dtype", "init_scale", "growth_interval", "growth_factor", "backoff_factor")
 # A converged scale belongs to this run's checkpoints; a rerun starts from init_scale instead.
 DROPPED = ("warm_start",)
+# The file's second comment line starts so: the flags that apply it.
+APPLY = "apply with"
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,31 @@ class Recommendation:
     reason: str
 
     def to_yaml(self) -> str:
-        """The file's text: the reason as a comment, then the ``amp:`` block."""
+        """The file's text: the reason and how to apply it as comments, then the ``amp:``
+        block."""
         body = yaml.safe_dump({"amp": self.amp}, sort_keys=False)
-        return f"# {self.reason}\n{body}"
+        return f"# {self.reason}\n# {APPLY}: {self.as_set_flags()}\n{body}"
 
     def as_set_flags(self) -> str:
-        """The same settings as ``--set`` flags for ``python -m rllib_amp.tune``."""
-        return " ".join(f"--set amp.{k}={v}" for k, v in self.amp.items())
+        """The same settings as ``--set`` flags for ``python -m rllib_amp.tune``, each value
+        written as YAML (it reads back as the same value) and quoted for a POSIX shell.
+
+        A flag on a key the experiment searches replaces that search entry (and the command
+        says so), so the flags applied to the experiment that produced them run these values.
+        """
+        return " ".join(
+            "--set " + shlex.quote(f"amp.{k}={_yaml_scalar(v)}") for k, v in self.amp.items()
+        )
+
+    def replaced_searches(self, searched: Iterable[str]) -> list[str]:
+        """The searched keys (of ``searched``) that these settings give a fixed value."""
+        return [k for k in searched if k.startswith("amp.") and k[4:] in self.amp]
+
+
+def _yaml_scalar(v: Any) -> str:
+    """``v`` as YAML on one line: ``1e38`` -> ``1.0e+38`` (a float to YAML, not a string)."""
+    text = yaml.safe_dump(v, default_flow_style=True, width=2**31)
+    return text.removesuffix("\n...\n").strip()
 
 
 def _number(v: Any) -> float | None:
@@ -213,5 +234,9 @@ def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str)
         print("No recommended AMP settings: no trial finished with a metric.")
         return
     location = write(rec, exp_dir)
-    print(f"Recommended AMP settings ({location}; paste into the file, or {rec.as_set_flags()}):")
+    replaced = rec.replaced_searches(exp.search)
+    drop = f" and delete its search entries for {', '.join(replaced)}" if replaced else ""
+    print(f"Recommended AMP settings ({location}): rerun this experiment with")
+    print(f"  {rec.as_set_flags()}")
+    print(f"or paste the block into the file{drop}:")
     print(rec.to_yaml().rstrip())

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from rllib_amp.experiment import ExperimentError, schema
-from rllib_amp.experiment.dotted import TOP_KEYS, is_integer_key, with_dotted, with_override
+from rllib_amp.experiment.dotted import (
+    TOP_KEYS,
+    is_integer_key,
+    replaced_searches,
+    with_dotted,
+    with_override,
+)
 
 
 def test_the_top_keys_are_the_schemas_sections_in_order():
@@ -42,3 +48,40 @@ def test_with_override_names_an_unknown_top_key_and_the_nearest():
 )
 def test_is_integer_key(key, expected):
     assert is_integer_key({"algorithm": "PPO"}, key) is expected
+
+
+SEARCHED = {
+    "search": {
+        "amp.init_scale": {"grid": [1024.0, 65536.0, 2.0**20, 2.0**24]},
+        "amp.growth_interval": {"loguniform": [10, 2000]},
+        "seed": {"grid": [0, 1]},
+    }
+}
+
+
+def test_a_set_on_a_searched_key_replaces_that_search_entry_and_says_so():
+    out, lines = replaced_searches(SEARCHED, "amp.init_scale", 1024)
+    assert list(out["search"]) == ["amp.growth_interval", "seed"]
+    assert lines == ["--set amp.init_scale=1024 replaces the search over amp.init_scale (4 values)"]
+    assert len(SEARCHED["search"]) == 3  # the caller's data is not changed
+    # A whole section set as a mapping covers the searched keys inside it; a range says so.
+    out, lines = replaced_searches(SEARCHED, "amp", {"growth_interval": 100, "dtype": "float16"})
+    assert list(out["search"]) == ["amp.init_scale", "seed"]
+    assert lines == [
+        '--set amp={"growth_interval": 100, "dtype": "float16"} replaces the search over '
+        "amp.growth_interval (loguniform [10, 2000])"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("amp.dtype", "float16"),  # not searched
+        ("amp.init", 1),  # a prefix of a searched key's name is another key
+        ("search.amp.init_scale", {"grid": [1.0]}),  # sets the search entry itself
+        ("amp", "float16"),  # not a mapping: covers no key inside
+    ],
+)
+def test_a_set_on_a_key_that_is_not_searched_leaves_the_search_alone(key, value):
+    out, lines = replaced_searches(SEARCHED, key, value)
+    assert out == SEARCHED and lines == []

@@ -373,6 +373,23 @@ def test_search_entries_can_be_overridden_by_their_dotted_key(tmp_path):
         E.load(path, overrides=["search.amp.init_scale={grid: []}"])
 
 
+def test_a_fixed_value_for_a_searched_key_replaces_its_search_in_the_order_given(tmp_path):
+    """Tune's sample of a search entry would overwrite a --set value in every trial."""
+    path = write(tmp_path, GOOD)
+    exp = E.load(path, overrides=["amp.init_scale=2048", "amp.growth_interval=100"])
+    assert exp.get("amp.init_scale") == 2048 and exp.get("amp.growth_interval") == 100
+    assert list(exp.search) == ["training.train_batch_size_per_learner"]
+    assert "amp.init_scale" not in exp.param_space()
+    assert exp.notes == (
+        "--set amp.init_scale=2048 replaces the search over amp.init_scale (2 values)",
+        "--set amp.growth_interval=100 replaces the search over amp.growth_interval (2 values)",
+    )
+    # A later search entry for the key searches it again: the last --set wins.
+    again = exp.with_overrides(["search.amp.init_scale={grid: [8.0, 16.0]}"])
+    assert again.search["amp.init_scale"].edges() == [8.0, 16.0] and again.notes == exp.notes
+    assert E.load(path, overrides=["amp.dtype=float16"]).notes == ()
+
+
 def test_resolved_is_plain_data_that_validates_to_the_same_experiment(tmp_path):
     import yaml
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import yaml
@@ -48,12 +49,19 @@ def test_the_block_is_the_best_settings_starting_at_their_settled_scale(tmp_path
     assert "init_scale=65536, growth_interval=10" in rec.reason
     assert "401 [399, 403] over 3 seed(s), the best" in rec.reason
     assert "settled scale, 4096" in rec.reason and "5 skipped steps (5.0% of updates)" in rec.reason
-    # Usable again: merged into an experiment file, and as --set flags.
-    exp = E.load(
-        "tune_configs/cartpole_ppo_amp.yaml",
-        overrides=[*rec.as_set_flags().replace("--set ", "").split(), "search=null"],
+    # Usable again as --set flags: on the file that searches growth_interval, they replace
+    # that search entry (and say so) instead of losing to it.
+    flags = shlex.split(rec.as_set_flags())
+    assert flags[0::2] == ["--set"] * len(rec.amp)
+    exp = E.load("tune_configs/cartpole_ppo_amp.yaml", overrides=flags[1::2])
+    assert exp.get("amp.init_scale") == 4096.0 and exp.get("amp.growth_interval") == 10
+    assert "amp.growth_interval" not in exp.search
+    assert exp.notes == (
+        "--set amp.growth_interval=10 replaces the search over amp.growth_interval (2 values)",
     )
-    assert exp.get("amp.init_scale") == 4096.0
+    assert rec.replaced_searches(["amp.growth_interval", "seed"]) == ["amp.growth_interval"]
+    # The file says how to apply it.
+    assert f"# apply with: {rec.as_set_flags()}\n" in rec.to_yaml()
     path = write(rec, str(tmp_path))
     assert path.endswith(FILE) and yaml.safe_load(Path(path).read_text())["amp"] == rec.amp
 
@@ -75,3 +83,14 @@ def test_a_bfloat16_setting_needs_no_scaler():
 
 def test_no_finished_trial_no_recommendation():
     assert recommend(_groups(ROWS[:1]), metric=M, base={}) is None
+
+
+def test_flags_read_back_as_the_same_values_whatever_they_hold():
+    """A huge scale stays a float (``1e+38`` alone is a string to YAML), a URI with ``&`` and
+    ``?`` survives the shell."""
+    from rllib_amp.experiment.reading import parse_override
+    from rllib_amp.sweep.recommend import Recommendation
+
+    amp = {"dtype": "float16", "init_scale": 1e38, "warm_start": {"from": "s3://b/x?a=1&b=2"}}
+    flags = shlex.split(Recommendation(amp, "why").as_set_flags())
+    assert dict(parse_override(f) for f in flags[1::2]) == {f"amp.{k}": v for k, v in amp.items()}
