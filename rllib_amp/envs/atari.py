@@ -36,6 +36,12 @@ PREPROCESSING_KEY = "preprocessing"
 NATIVE = "native"
 WRAPPERS = "wrappers"
 PATHS: tuple[str, ...] = (NATIVE, WRAPPERS)
+# env_config key choosing how an EnvRunner samples the native env, and its values: RLlib's own
+# per-env loop, or whole arrays per step (rllib_amp.envs.batched_runner; the default).
+SAMPLER_KEY = "sampler"
+BATCHED = "batched"
+RLLIB = "rllib"
+SAMPLERS: tuple[str, ...] = (BATCHED, RLLIB)
 IMAGE_SIZE = 84  # the DeepMind preprocessing's frame height and width
 
 _BOOL = "true or false"
@@ -125,8 +131,9 @@ def check_native_options(env_config: Mapping[str, Any]) -> None:
             )
         raise ValueError(
             f"env_config.{key}: not an option of the native Atari env"
-            f"{suggest(key, [*NATIVE_OPTIONS, PREPROCESSING_KEY])}; allowed: {allowed}, "
-            f"{PREPROCESSING_KEY} ({' | '.join(PATHS)}). For other ale_py options set "
+            f"{suggest(key, [*NATIVE_OPTIONS, PREPROCESSING_KEY, SAMPLER_KEY])}; allowed: "
+            f"{allowed}, {PREPROCESSING_KEY} ({' | '.join(PATHS)}), {SAMPLER_KEY} "
+            f"({' | '.join(SAMPLERS)}). For other ale_py options set "
             f"env_config.{PREPROCESSING_KEY}: {WRAPPERS}"
         )
 

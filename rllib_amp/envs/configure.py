@@ -24,6 +24,9 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from rllib_amp.algorithms import ALGORITHMS, algorithm_for_config
 from rllib_amp.checks import suggest
 from rllib_amp.envs import atari
+from rllib_amp.envs.batched_runner import BatchedAleEnvRunner
+from rllib_amp.learner.env_runner import AmpSingleAgentEnvRunner
+from rllib_amp.settings import AMP_CONFIG_KEY
 
 ATARI_PREFIX = "ALE/"
 
@@ -96,6 +99,10 @@ def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None
     - ``wrappers``: RLlib's Atari wrappers (``AtariEnv``) in a gymnasium SyncVectorEnv,
       float32 observations in [-1, 1]; other keys go to ``gym.make``.
 
+    and on the native path ``env_config["sampler"]`` how EnvRunners sample it: ``batched``
+    (default; ``envs.batched_runner.BatchedAleEnvRunner``, whole arrays per step) or ``rllib``
+    (RLlib's own per-env loop). Both give the learner the same episodes.
+
     Call it before setting your own RLModuleSpec: the native path sets the module class.
     Raises ValueError naming the key and the fix for an option the chosen path cannot honour.
 
@@ -109,9 +116,24 @@ def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None
     env_config = dict(env_config or {})
     if not is_atari(env_id):
         config.environment(env=env_id, env_config=env_config)
+        _use_batched_runner(config, False)
         return
     path = env_config.pop(atari.PREPROCESSING_KEY, atari.NATIVE)
+    sampler = env_config.pop(atari.SAMPLER_KEY, atari.BATCHED if path == atari.NATIVE else None)
+    if sampler is not None and sampler not in atari.SAMPLERS:
+        raise ValueError(
+            f"env_config.{atari.SAMPLER_KEY}: got {sampler!r}; allowed: "
+            f"{' | '.join(atari.SAMPLERS)} ({atari.BATCHED}: whole arrays per step, the default; "
+            f"{atari.RLLIB}: RLlib's per-env loop; a fixed value, it cannot be searched)"
+        )
     if path == atari.WRAPPERS:
+        if sampler == atari.BATCHED:
+            raise ValueError(
+                f"env_config.{atari.SAMPLER_KEY}: {atari.BATCHED} samples ALE's native vector "
+                f"env only; remove it, or set env_config.{atari.PREPROCESSING_KEY}: "
+                f"{atari.NATIVE} (the default for ALE/* ids)"
+            )
+        _use_batched_runner(config, False)
         atari.check_wrapper_options(env_config)
         env_config.pop("episodic_life", None)  # the wrappers' default, nothing to pass on
         config.environment(env=AtariEnv, env_config={"id": env_id, **env_config})
@@ -135,3 +157,19 @@ def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None
     config.environment(env=atari.AleVectorEnv, env_config={"id": env_id, **env_config})
     config.env_runners(gym_env_vectorize_mode=gym.VectorizeMode.VECTOR_ENTRY_POINT.value)
     config.rl_module(rl_module_spec=RLModuleSpec(module_class=record.uint8_module))
+    _use_batched_runner(config, sampler == atari.BATCHED)
+
+
+def _use_batched_runner(config: Any, batched: bool) -> None:
+    """Sets the batched EnvRunner, or takes it back; another EnvRunner the user set stays.
+
+    ``with_amp`` keeps the batched runner (it replaces only None or its own runners), and the
+    batched runner applies the AMP inference precision itself.
+    """
+    current = config.env_runner_cls
+    if batched and not config.is_multi_agent:
+        if current in (None, AmpSingleAgentEnvRunner):
+            config.env_runners(env_runner_cls=BatchedAleEnvRunner)
+    elif current is BatchedAleEnvRunner:
+        amp = AMP_CONFIG_KEY in (config.learner_config_dict or {})
+        config.env_runners(env_runner_cls=AmpSingleAgentEnvRunner if amp else None)

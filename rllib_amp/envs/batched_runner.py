@@ -1,0 +1,448 @@
+"""The batched sampler: an EnvRunner that keeps ALE's observations as one array per step.
+
+RLlib's ``SingleAgentEnvRunner`` splits every vector step into per-env items (episodes,
+connectors, info dicts) and stacks them again for the next forward pass. On ALE's native
+vector env (``envs.atari.AleVectorEnv``) that bookkeeping costs more than the env and the
+network together. ``BatchedAleEnvRunner`` keeps the observations as ALE returns them, one
+``(num_envs, stack, 84, 84)`` uint8 array per step, calls the module's forward pass once per
+step on the whole batch, samples the actions as RLlib's default module-to-env connector does
+(``GetActions``: the module's action distribution, its log-probability; DQN's module does its
+own epsilon-greedy), and steps ALE with the action array. Only at the end of ``sample()`` it
+builds RLlib's ``SingleAgentEpisode``s from the arrays: the same episode cuts, truncation,
+last observations, lookback buffers, extra model outputs and ids across ``sample()`` calls
+as RLlib's runner produces for the same actions (tests/integration/envs/
+test_batched_runner.py compares them element for element). Episode and sampling metrics
+keep RLlib's keys; the per-piece connector timers are absent (those pieces do not run).
+
+``envs.configure.configure_env`` picks it for ``ALE/*`` ids on the native path unless
+``env_config.sampler`` is ``rllib``. Whatever the batched path cannot reproduce (custom
+connectors, per-episode callbacks, a stateful module, another env) runs RLlib's own
+sampling, with one log line saying why; so does ``sample(num_episodes=...)``.
+
+Example:
+    >>> from ray.rllib.algorithms.ppo import PPOConfig
+    >>> from rllib_amp.envs.configure import configure_env
+    >>> cfg = PPOConfig()
+    >>> configure_env(cfg, "ALE/Pong-v5", None)
+    >>> cfg.env_runner_cls.__name__
+    'BatchedAleEnvRunner'
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.core.columns import Columns
+from ray.rllib.env.env_runner import ENV_STEP_FAILURE, NUM_ENV_STEP_FAILURES_LIFETIME
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
+from ray.rllib.utils.metrics import (
+    ENV_STEP_TIMER,
+    ENV_TO_MODULE_CONNECTOR,
+    ENV_TO_MODULE_SUM_EPISODES_LENGTH_IN,
+    ENV_TO_MODULE_SUM_EPISODES_LENGTH_OUT,
+    MODULE_TO_ENV_CONNECTOR,
+    RLMODULE_INFERENCE_TIMER,
+    WEIGHTS_SEQ_NO,
+)
+from ray.rllib.utils.numpy import convert_to_numpy
+from ray.rllib.utils.spaces.space_utils import batch as batch_items
+
+from rllib_amp.learner.env_runner import AmpEnvRunnerMixin
+from rllib_amp.settings import AMP_CONFIG_KEY
+
+logger = logging.getLogger(__name__)
+
+# RLlib's connector pipelines time themselves under this key (connector_pipeline_v2.py).
+CONNECTOR_PIPELINE_TIMER = "connector_pipeline_timer"
+# The rewards buffer's space in RLlib's episodes (single_agent_episode._REWARDS_BOX_SPACE).
+_REWARDS_SPACE = gym.spaces.Box(-np.inf, np.inf, (), np.float32)
+_EPISODE_CALLBACKS = (
+    "on_episode_created",
+    "on_episode_start",
+    "on_episode_step",
+    "on_episode_end",
+)
+
+
+def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
+    """Why ``runner`` cannot sample batched (None: it can). Checked once per EnvRunner.
+
+    Example:
+        >>> unsupported_reason(type("R", (), {"env": None})())
+        'the EnvRunner has no env'
+    """
+    from rllib_amp.envs.atari import AleVectorEnv
+
+    env = getattr(runner, "env", None)
+    if env is None:
+        return "the EnvRunner has no env"
+    if not isinstance(getattr(env, "env", None), AleVectorEnv):
+        return f"the env is {type(env.unwrapped).__name__}, not ALE's native vector env"
+    if not isinstance(env.single_action_space, gym.spaces.Discrete):
+        return f"the action space is {env.single_action_space}, not Discrete"
+    config = runner.config  # type: ignore[attr-defined]
+    if config._env_to_module_connector is not None:
+        return "the config adds env-to-module connectors"
+    if config._module_to_env_connector is not None:
+        return "the config adds module-to-env connectors"
+    if not (
+        config.add_default_connectors_to_env_to_module_pipeline
+        and config.add_default_connectors_to_module_to_env_pipeline
+    ):
+        return "the config turns RLlib's default connectors off"
+    for name in _EPISODE_CALLBACKS:
+        if getattr(config, f"callbacks_{name}", None):
+            return f"the config sets callbacks_{name}"
+    classes = config.callbacks_class if isinstance(config.callbacks_class, list) else []
+    classes = classes or [config.callbacks_class]
+    for cls in classes:
+        for name in _EPISODE_CALLBACKS:
+            if isinstance(cls, type) and getattr(cls, name, None) is not getattr(
+                RLlibCallback, name
+            ):
+                return f"the callbacks class {cls.__name__} overrides {name}"
+    module = runner.module  # type: ignore[attr-defined]
+    if module is None:
+        return "the EnvRunner has no RLModule"
+    if module.is_stateful():
+        return "the RLModule is stateful (RNN)"
+    return None
+
+
+class _Steps:
+    """What one batched ``sample()`` call saw, one entry per vector step."""
+
+    def __init__(self) -> None:
+        self.obs: list[np.ndarray] = []  # (N, stack, 84, 84) uint8 after each step
+        self.actions: list[np.ndarray] = []  # (N,)
+        self.extras: dict[str, list[np.ndarray]] = {}  # key -> (N, ...) per step
+        self.rewards: list[np.ndarray] = []
+        self.terminated: list[np.ndarray] = []
+        self.truncated: list[np.ndarray] = []
+        self.infos: list[dict[str, np.ndarray]] = []
+        self.restarted: list[np.ndarray] = []  # (N,) bool: this step was an autoreset
+        self.times: list[float] = []
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        extras: dict[str, np.ndarray],
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        infos: dict[str, np.ndarray],
+        restarted: np.ndarray,
+    ) -> None:
+        self.obs.append(obs)
+        self.actions.append(actions)
+        for key, value in extras.items():
+            self.extras.setdefault(key, []).append(value)
+        self.rewards.append(rewards)
+        self.terminated.append(terminated)
+        self.truncated.append(truncated)
+        self.infos.append(infos)
+        self.restarted.append(restarted)
+        self.times.append(time.perf_counter())
+
+
+class _Arrays:
+    """A ``_Steps`` stacked: every per-step array gains a leading step axis (S, N, ...)."""
+
+    def __init__(self, steps: _Steps) -> None:
+        self.obs = steps.obs
+        self.actions = np.stack(steps.actions)
+        self.extras = {k: np.stack(v) for k, v in steps.extras.items()}
+        self.rewards = np.stack(steps.rewards).astype(np.float32, copy=False)
+        self.terminated = np.stack(steps.terminated)
+        self.truncated = np.stack(steps.truncated)
+        keys = [k for k in steps.infos[0] if not k.startswith("_")] if steps.infos else []
+        self.info_keys = keys
+        self.infos = {k: np.stack([info[k] for info in steps.infos]) for k in keys}
+        self.restarted = np.stack(steps.restarted)
+        self.times = steps.times
+
+    def info_dicts(self, rows: Sequence[int] | np.ndarray, env: int) -> list[dict[str, Any]]:
+        """The per-step info dicts of ``env`` at steps ``rows``, as gymnasium's DictInfoToList."""
+        columns = [self.infos[k][rows, env] for k in self.info_keys]
+        return [dict(zip(self.info_keys, values, strict=True)) for values in zip(*columns)]
+
+
+def _items(buffer: InfiniteLookbackBuffer) -> Any:
+    """All of a buffer's data (lookback included) as one array, or None when empty."""
+    data = buffer.data
+    if isinstance(data, list):
+        return batch_items(data) if data else None
+    return data if len(data) else None
+
+
+def _join(old: Any, new: np.ndarray) -> np.ndarray:
+    return new if old is None else np.concatenate([np.asarray(old), new])
+
+
+class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
+    """RLlib's SingleAgentEnvRunner that samples ALE's native vector env as whole arrays.
+
+    Forward passes run under the AMP inference precision when the config carries AMP
+    settings (``rllib_amp.with_amp``), in float32 otherwise (stock RLlib).
+    """
+
+    def __init__(self, *, config: Any, **kwargs: Any):
+        self._batched_obs: np.ndarray | None = None
+        super().__init__(config=config, **kwargs)
+        self.batched_unsupported = unsupported_reason(self)
+        if self.batched_unsupported:
+            logger.info(
+                "rllib_amp: the batched sampler falls back to RLlib's sampling: %s",
+                self.batched_unsupported,
+            )
+
+    def make_module(self) -> None:
+        if AMP_CONFIG_KEY in (self.config.learner_config_dict or {}):
+            super().make_module()
+        else:  # stock RLlib: no autocast inference
+            SingleAgentEnvRunner.make_module(self)
+
+    def make_env(self) -> None:
+        super().make_env()
+        self._batched_obs = None
+
+    def _sample(  # type: ignore[override]
+        self,
+        *,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        explore: bool,
+        random_actions: bool = False,
+        force_reset: bool = False,
+    ) -> list[SingleAgentEpisode]:
+        if num_timesteps is None or self.batched_unsupported:
+            self._batched_obs = None  # RLlib's loop owns the envs now: reset before ours
+            return super()._sample(
+                num_timesteps=num_timesteps,
+                num_episodes=num_episodes,
+                explore=explore,
+                random_actions=random_actions,
+                force_reset=force_reset,
+            )
+        return self._sample_batched(
+            num_timesteps, explore=explore, random_actions=random_actions, force_reset=force_reset
+        )
+
+    # -- the batched loop ---------------------------------------------------------------------
+    def _reset_batched(self, explore: bool) -> None:
+        """RLlib's own reset (seeding, new episodes, callbacks); keeps the obs as one array."""
+        self._reset_envs_and_episodes(explore)
+        self._cached_to_module = None
+        obs = np.stack([e.get_observations(-1) for e in self._ongoing_episodes])
+        self._batched_obs = np.ascontiguousarray(np.moveaxis(obs, -1, 1))
+
+    def _sample_batched(
+        self, num_timesteps: int, *, explore: bool, random_actions: bool, force_reset: bool
+    ) -> list[SingleAgentEpisode]:
+        if force_reset or self._needs_initial_reset or self._batched_obs is None:
+            self._reset_batched(explore)
+        ale = self.env.unwrapped
+        module = self.module
+        runners = self.config.num_env_runners or 1
+        num_envs = self.num_envs
+        steps = _Steps()
+        # An env whose episode ended at the previous step autoresets at this one: ALE ignores
+        # its action and returns the first observation of the next episode.
+        restarting = np.array([not e.is_reset for e in self._ongoing_episodes])
+        lengths = np.array([len(e) for e in self._ongoing_episodes])
+        ts = 0
+        while ts < num_timesteps:
+            obs = self._batched_obs
+            assert obs is not None
+            if random_actions:
+                actions, extras = self.env.action_space.sample(), {}
+            else:
+                actions, extras = self._actions(module, obs, explore, ts, runners)
+            try:
+                with self.metrics.log_time(ENV_STEP_TIMER):
+                    next_obs, rewards, terminated, truncated, infos = ale.step(actions)
+            except Exception as e:
+                if self._step_failed(e) is ENV_STEP_FAILURE:
+                    self._reset_batched(explore)
+                    steps = _Steps()
+                    restarting[:] = False
+                    lengths[:] = 0
+                    ts = 0
+                    continue
+                raise
+            ts += int(num_envs - restarting.sum())
+            steps.add(next_obs, actions, extras, rewards, terminated, truncated, infos, restarting)
+            lengths = np.where(restarting, 0, lengths + 1)
+            self._batched_obs = next_obs
+            restarting = (terminated | truncated) & ~restarting
+        if steps.obs:
+            self._log_env_steps(metric=self._metrics_num_try_env_step, num_steps=len(steps.obs))
+        total = int(lengths.sum())
+        self.metrics.log_value(ENV_TO_MODULE_SUM_EPISODES_LENGTH_IN, total)
+        self.metrics.log_value(ENV_TO_MODULE_SUM_EPISODES_LENGTH_OUT, total)
+        return self._finish(steps, num_timesteps=ts)
+
+    def _actions(
+        self, module: Any, obs: np.ndarray, explore: bool, ts: int, runners: int
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """One forward pass on all envs, then RLlib's GetActions and TensorToNumpy."""
+        with self.metrics.log_time((ENV_TO_MODULE_CONNECTOR, CONNECTOR_PIPELINE_TIMER)):
+            # The module takes channels-last images (the env's observation space), laid out in
+            # memory as RLlib's connectors lay them out: the convolutions then pick the same
+            # kernels, and the outputs are RLlib's to the last bit.
+            images = torch.from_numpy(obs).permute(0, 2, 3, 1).contiguous()
+            batch = {Columns.OBS: images.to(self._device)}
+        with self.metrics.log_time(RLMODULE_INFERENCE_TIMER):
+            if explore:
+                t = (self.num_env_steps_sampled_lifetime // runners + ts) * runners
+                out = module.forward_exploration(batch, t=t)
+            else:
+                out = module.forward_inference(batch)
+        with self.metrics.log_time((MODULE_TO_ENV_CONNECTOR, CONNECTOR_PIPELINE_TIMER)):
+            if Columns.ACTIONS not in out:
+                if explore:
+                    dist_cls = module.get_exploration_action_dist_cls()
+                else:
+                    dist_cls = module.get_inference_action_dist_cls()
+                dist = dist_cls.from_logits(out[Columns.ACTION_DIST_INPUTS])
+                if not explore:
+                    dist = dist.to_deterministic()
+                out[Columns.ACTIONS] = dist.sample()
+                if Columns.ACTION_LOGP not in out:
+                    out[Columns.ACTION_LOGP] = dist.logp(out[Columns.ACTIONS])
+            out = convert_to_numpy(out)
+            actions = out.pop(Columns.ACTIONS)
+            out.pop(Columns.ACTIONS_FOR_ENV, None)
+        return actions, out
+
+    def _step_failed(self, error: Exception) -> Any:
+        """RLlib's handling of a failed env step (``EnvRunner._try_env_step``)."""
+        self.metrics.log_value(NUM_ENV_STEP_FAILURES_LIFETIME, 1, reduce="lifetime_sum")
+        if self.config.restart_failed_sub_environments:
+            logger.exception("rllib_amp: env step failed; recreating the env: %s", error)
+            self.make_env()
+            return ENV_STEP_FAILURE
+        raise RuntimeError(
+            f"{type(self).__name__}: environment step failed and "
+            "config.restart_failed_sub_environments is False"
+        ) from error
+
+    # -- episodes from the arrays -------------------------------------------------------------
+    def _finish(self, steps: _Steps, *, num_timesteps: int) -> list[SingleAgentEpisode]:
+        """RLlib's episodes from the step arrays: done ones, then ongoing chunks (RLlib's order)."""
+        done: list[tuple[int, int, SingleAgentEpisode]] = []
+        ongoing: list[SingleAgentEpisode] = []
+        continuations: list[SingleAgentEpisode] = []
+        arrays = _Arrays(steps) if steps.obs else None
+        num_steps = len(steps.obs)
+        horizon = self.config.episode_lookback_horizon
+        for env in range(self.num_envs):
+            episode = self._ongoing_episodes[env]
+            rows = np.arange(0)
+            s = 0
+            while s < num_steps:
+                assert arrays is not None
+                if arrays.restarted[s, env]:
+                    self._new_reset(episode, arrays, s, env)
+                    rows = np.arange(0)
+                    s += 1
+                    continue
+                ends = np.flatnonzero(
+                    (arrays.terminated[s:, env] | arrays.truncated[s:, env])
+                    & ~arrays.restarted[s:, env]
+                )
+                last = s + int(ends[0]) if len(ends) else num_steps - 1
+                rows = np.arange(s, last + 1)
+                episode = self._chunk(episode, arrays, rows, env)
+                if episode.is_done:
+                    done.append((last, env, episode))
+                    self._new_episode(env, self._ongoing_episodes)
+                    episode = self._ongoing_episodes[env]
+                    rows = np.arange(0)
+                s = last + 1
+            continuation = episode.cut(len_lookback_buffer=horizon)
+            if arrays is not None and 0 < horizon <= len(rows):
+                # RLlib cuts before it stacks: the lookback keeps each action's own dtype
+                # (random actions are int64, the module's int32), not the chunk's promoted one.
+                continuation.actions.data = list(arrays.actions[rows[-horizon:], env])
+                continuation.actions.finalized = False
+            continuations.append(continuation)
+            if episode.t == 0:
+                continue
+            episode.validate()
+            if not episode.is_numpy:
+                episode.to_numpy()
+            self._ongoing_episodes_for_metrics[episode.id_].append(episode)
+            ongoing.append(episode)
+        self._ongoing_episodes = continuations
+        done_episodes = [e for _, _, e in sorted(done, key=lambda d: (d[0], d[1]))]
+        self._done_episodes_for_metrics.extend(done_episodes)
+        self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=num_timesteps)
+        self._increase_sampled_metrics(num_timesteps, len(done_episodes))
+        return done_episodes + ongoing
+
+    def _new_reset(self, episode: SingleAgentEpisode, arrays: _Arrays, s: int, env: int) -> None:
+        """The autoreset at step ``s`` starts ``episode`` (empty until now), as add_env_reset."""
+        obs = np.moveaxis(arrays.obs[s][env], 0, -1)
+        episode.add_env_reset(observation=obs, infos=arrays.info_dicts([s], env)[0])
+        episode._start_time = arrays.times[s]
+
+    def _chunk(
+        self, base: SingleAgentEpisode, arrays: _Arrays, rows: np.ndarray, env: int
+    ) -> SingleAgentEpisode:
+        """``base`` (reset, maybe with a lookback) plus the steps ``rows`` of ``env``, numpy."""
+        lookback = base.observations.lookback
+        new_obs = np.stack([arrays.obs[s][env] for s in rows])  # (T, stack, 84, 84)
+        old_obs = _items(base.observations)
+        old_obs = np.moveaxis(old_obs, -1, 1) if old_obs is not None else None
+        # Channels-last like the env's observation space; memory stays ALE's frame order.
+        observations = np.moveaxis(_join(old_obs, new_obs), 1, -1)
+        last = int(rows[-1])
+        extras: dict[str, InfiniteLookbackBuffer] = {}
+        for key, values in {**arrays.extras, WEIGHTS_SEQ_NO: None}.items():
+            new = (
+                np.full(len(rows), self._weights_seq_no, np.int64)
+                if values is None
+                else values[rows, env]
+            )
+            old = base.extra_model_outputs.get(key)
+            extras[key] = InfiniteLookbackBuffer(
+                _join(_items(old) if old is not None else None, new),
+                lookback=old.lookback if old is not None else 0,
+            )
+        episode = SingleAgentEpisode(
+            id_=base.id_,
+            observations=InfiniteLookbackBuffer(observations, lookback=lookback),
+            observation_space=base.observation_space,
+            infos=InfiniteLookbackBuffer(
+                list(base.infos.data) + arrays.info_dicts(rows, env),
+                lookback=base.infos.lookback,
+            ),
+            actions=InfiniteLookbackBuffer(
+                _join(_items(base.actions), arrays.actions[rows, env]), lookback=lookback
+            ),
+            action_space=base.action_space,
+            rewards=InfiniteLookbackBuffer(
+                _join(_items(base.rewards), arrays.rewards[rows, env]),
+                lookback=lookback,
+                space=_REWARDS_SPACE,
+            ),
+            terminated=bool(arrays.terminated[last, env]),
+            truncated=bool(arrays.truncated[last, env]),
+            extra_model_outputs=extras,
+            t_started=base.t_started,
+        )
+        episode._custom_data = base.custom_data
+        episode._start_time = base._start_time or arrays.times[int(rows[0])]
+        episode._last_step_time = arrays.times[last]
+        return episode

@@ -1,0 +1,163 @@
+"""The batched sampler (rllib_amp.envs.batched_runner) gives the learner RLlib's episodes.
+
+Both runners sample the same seeded native env with the same module weights and the same
+random draws (torch is seeded at EnvRunner construction), so RLlib's runner and the batched
+one take the same actions; their episodes must then agree element for element, across
+several ``sample()`` calls (ongoing episodes continue), with terminations, truncations and
+autoresets inside the calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+from rllib_amp.bench import sampling
+from rllib_amp.envs import atari
+from rllib_amp.envs.batched_runner import BatchedAleEnvRunner
+
+# Breakout with a life per episode ends episodes within ~50 steps; 200 frames (50 agent
+# steps) truncate the games that last longer, so one test sees both kinds of cut.
+ENV_CONFIG = {"max_num_frames_per_episode": 200, "noop_max": 5}
+CALLS = (37, 5, 61, 40)  # sample(num_timesteps=...) per call: cuts at odd places
+
+
+def runner(sampler: str, *, algorithm: str = "PPO", num_envs: int = 3, seed: int = 7):
+    cfg = sampling.sampling_config(
+        atari.NATIVE,
+        env_id="ALE/Breakout-v5",
+        num_envs=num_envs,
+        num_cpus=1,
+        algorithm=algorithm,
+        env_config={**ENV_CONFIG, atari.SAMPLER_KEY: sampler},
+    )
+    cfg.debugging(seed=seed)
+    if algorithm == "DQN":  # epsilon-greedy with an epsilon that matters
+        cfg.training(epsilon=[(0, 0.5), (10_000, 0.05)])
+    out = (cfg.env_runner_cls or SingleAgentEnvRunner)(config=cfg)
+    assert type(out) is (BatchedAleEnvRunner if sampler == atari.BATCHED else SingleAgentEnvRunner)
+    return out
+
+
+def same_buffer(a, b, what: str) -> None:
+    assert a.lookback == b.lookback, what
+    if isinstance(a.data, list):
+        assert isinstance(b.data, list) and len(a.data) == len(b.data), what
+        for x, y in zip(a.data, b.data, strict=True):
+            assert x.keys() == y.keys(), what
+            for key in x:
+                assert type(x[key]) is type(y[key]) and x[key] == y[key], (what, key)
+        return
+    a_data, b_data = np.asarray(a.data), np.asarray(b.data)
+    assert a_data.dtype == b_data.dtype and a_data.shape == b_data.shape, what
+    np.testing.assert_array_equal(a_data, b_data, err_msg=what)
+
+
+def assert_same_episodes(mine: list[Any], rllib: list[Any], ids: dict[str, str]) -> None:
+    """Element for element; ``ids`` maps RLlib's episode ids to ours (one to one)."""
+    assert len(mine) == len(rllib)
+    for a, b in zip(mine, rllib, strict=True):
+        assert ids.setdefault(b.id_, a.id_) == a.id_, "an episode changed its id between chunks"
+        what = f"episode {b.id_} t_started={b.t_started}"
+        assert (a.t_started, a.t, len(a)) == (b.t_started, b.t, len(b)), what
+        assert (a.is_terminated, a.is_truncated) == (b.is_terminated, b.is_truncated), what
+        assert a.is_numpy and b.is_numpy
+        for name in ("observations", "actions", "rewards", "infos"):
+            same_buffer(getattr(a, name), getattr(b, name), f"{what}: {name}")
+        assert a.extra_model_outputs.keys() == b.extra_model_outputs.keys(), what
+        for key in b.extra_model_outputs:
+            same_buffer(a.extra_model_outputs[key], b.extra_model_outputs[key], f"{what}: {key}")
+    assert len(set(ids.values())) == len(ids), "two of RLlib's episodes became one"
+
+
+def episode_metrics(r) -> dict[str, float]:
+    m = r.get_metrics()
+    keys = ("episode_return_mean", "episode_len_mean", "num_episodes_lifetime")
+    return {k: m[k].peek() for k in keys if k in m} | {
+        "steps": m["num_env_steps_sampled_lifetime"].peek()
+    }
+
+
+def sample_both(algorithm: str = "PPO", calls=CALLS, **kwargs):
+    """(batched episodes per call, rllib episodes per call, both runners' metrics)."""
+    out = {}
+    for sampler in (atari.BATCHED, atari.RLLIB):
+        r = runner(sampler, algorithm=algorithm, **kwargs)
+        try:
+            per_call = [r.sample(num_timesteps=n) for n in calls]
+            out[sampler] = (per_call, episode_metrics(r), r)
+        finally:
+            r.stop()
+    return out[atari.BATCHED], out[atari.RLLIB]
+
+
+def test_batched_runner_gives_rllibs_episodes_element_for_element():
+    (mine, mine_metrics, r), (rllib, rllib_metrics, _) = sample_both()
+    ids: dict[str, str] = {}
+    for a, b in zip(mine, rllib, strict=True):
+        assert_same_episodes(a, b, ids)
+    flat = [e for call in rllib for e in call]
+    # The calls covered what the test is about: cuts of both kinds, chunks continuing.
+    assert any(e.is_terminated for e in flat) and any(e.is_truncated for e in flat)
+    assert any(e.t_started > 0 for e in flat)
+    assert {e.get_observations().dtype for call in mine for e in call} == {np.dtype(np.uint8)}
+    assert {"action_logp", "action_dist_inputs"} <= set(flat[0].extra_model_outputs)
+    # Episode metrics and step counts: the same numbers, under RLlib's keys.
+    assert mine_metrics == rllib_metrics
+    assert mine_metrics["num_episodes_lifetime"] > 0
+    assert r.batched_unsupported is None
+
+
+def test_dqn_epsilon_greedy_and_random_actions_match_rllib():
+    out = []
+    for sampler in (atari.BATCHED, atari.RLLIB):
+        r = runner(sampler, algorithm="DQN", num_envs=2, seed=3)
+        r.env.action_space.seed(5)  # random_actions draw from the env's action space
+        try:
+            calls = [r.sample(num_timesteps=24, random_actions=True)]
+            calls += [r.sample(num_timesteps=n) for n in (50, 33)]
+            out.append(calls)
+        finally:
+            r.stop()
+    ids: dict[str, str] = {}
+    for a, b in zip(*out, strict=True):
+        assert_same_episodes(a, b, ids)
+    actions = np.concatenate([e.get_actions() for e in out[1][1]])
+    assert len(set(actions.tolist())) > 1  # exploring, not one argmax action
+
+
+def test_sample_episodes_and_inference_fall_back_or_match():
+    # num_episodes runs RLlib's own loop; explore=False (deterministic actions) is batched.
+    out = []
+    for sampler in (atari.BATCHED, atari.RLLIB):
+        r = runner(sampler, num_envs=2, seed=1)
+        try:
+            calls = [r.sample(num_timesteps=30, explore=False), r.sample(num_episodes=2)]
+            calls.append(r.sample(num_timesteps=20))
+            out.append(calls)
+        finally:
+            r.stop()
+    ids: dict[str, str] = {}
+    for a, b in zip(*out, strict=True):
+        assert_same_episodes(a, b, ids)
+
+
+@pytest.mark.parametrize("sampler", [atari.BATCHED, atari.RLLIB])
+def test_state_round_trips_between_the_two_runners(sampler):
+    other = atari.RLLIB if sampler == atari.BATCHED else atari.BATCHED
+    a, b = runner(sampler, seed=1), runner(other, seed=2)
+    try:
+        a.sample(num_timesteps=8)
+        b.set_state(a.get_state())
+        state_a, state_b = a.get_state(), b.get_state()
+        assert state_a.keys() == state_b.keys()
+        weights_a = state_a["rl_module"]
+        for key, value in weights_a.items():
+            np.testing.assert_array_equal(value, state_b["rl_module"][key])
+        assert b.sample(num_timesteps=8)
+    finally:
+        a.stop()
+        b.stop()
