@@ -1,4 +1,5 @@
-"""What every rllib-amp command line shares: bad input is one line on stderr and exit 2.
+"""What every rllib-amp command line shares: bad input is one line on stderr and exit 2; a
+signal (Ctrl-C, SIGTERM) is one line and exit 128 + the signal, at any moment of the command.
 
 Example:
     >>> def run(argv):
@@ -10,9 +11,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -28,6 +32,65 @@ def signal_exit_status(signum: int) -> int:
         143
     """
     return 128 + signum
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that ends a command, raised where the command was: ``signum`` SIGINT (Ctrl-C)
+    or SIGTERM (``kill``, ``ray job stop``, a scheduler). Exit status 128 + ``signum``."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_as_interrupts() -> Iterator[None]:
+    """Within it, SIGTERM raises ``Interrupted`` as Ctrl-C raises KeyboardInterrupt, so that
+    either ends the command through its ``finally`` blocks (locks released, one line) instead
+    of killing it on the spot. Only in the main thread, and only where SIGTERM had no handler
+    (a caller's own one is kept)."""
+    install = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+    if install:
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        yield
+    finally:
+        if install:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def interrupted_line(prog: str, e: BaseException) -> tuple[str, int]:
+    """The line and the exit status of a command ended by ``e`` (a KeyboardInterrupt).
+
+    Example:
+        >>> interrupted_line("prog", Interrupted(signal.SIGTERM))
+        ('prog: stopped by SIGTERM', 143)
+    """
+    signum = getattr(e, "signum", signal.SIGINT)
+    if signum == signal.SIGINT:
+        return f"{prog}: interrupted", EXIT_INTERRUPTED
+    return f"{prog}: stopped by {signal.Signals(signum).name}", signal_exit_status(signum)
+
+
+@contextlib.contextmanager
+def interrupts_as_exit(prog: str) -> Iterator[None]:
+    """For a command's imports, before ``main_wrapper`` runs: Ctrl-C or SIGTERM while its
+    modules load (pyarrow, numpy: a second or more) is one line and exit 130 or 143, not a
+    ``KeyboardInterrupt`` traceback."""
+    try:
+        with signals_as_interrupts():
+            yield
+    except KeyboardInterrupt as e:
+        line, status = interrupted_line(prog, e)
+        print(line, file=sys.stderr)
+        raise SystemExit(status) from None
 
 
 class UsageError(Exception):
@@ -48,16 +111,19 @@ def main_wrapper(
     errors: tuple[type[BaseException], ...] = (),
 ) -> int:
     """Runs ``run(argv)``; UsageError and ``errors`` become ``prog: error: ...`` and exit 2,
-    Ctrl-C (KeyboardInterrupt) one line and exit 130, the shells' status for SIGINT."""
+    Ctrl-C (KeyboardInterrupt) one line and exit 130, SIGTERM one line and exit 143: the
+    shells' status for a command those signals end."""
     caught: tuple[type[BaseException], ...] = (UsageError, *errors)
     try:
-        return run(argv)
+        with signals_as_interrupts():
+            return run(argv)
     except caught as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        line, status = interrupted_line(prog, e)
+        print(line, file=sys.stderr)
+        return status
 
 
 def root_error(e: Any) -> str:

@@ -2,7 +2,11 @@
 
 import sys
 
-from rllib_amp.sweep.main import main
+from rllib_amp.cli import interrupts_as_exit
+
+# Ctrl-C or SIGTERM while the command's modules load is one line and 130/143 too.
+with interrupts_as_exit("python -m rllib_amp.tune"):
+    from rllib_amp.sweep.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

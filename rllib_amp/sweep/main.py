@@ -22,19 +22,35 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rllib_amp.cli import Parser, UsageError, main_wrapper, root_error, signal_exit_status
+from rllib_amp.cli import (
+    Parser,
+    UsageError,
+    interrupted_line,
+    main_wrapper,
+    root_error,
+    signal_exit_status,
+)
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import storage as S
-from rllib_amp.sweep.ray_address import probe_address, ray_address, start_ray
+from rllib_amp.sweep.ray_address import (
+    RayWatch,
+    end_local_ray,
+    probe_address,
+    ray_address,
+    start_ray,
+)
 from rllib_amp.sweep.resources import ResourceError
 
+PROG = "python -m rllib_amp.tune"
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
 RESULTS_FILE = "results.parquet"
 # A sweep larger than this is more likely a typo (num_samples: 10000 x a grid) than a plan.
@@ -43,7 +59,7 @@ DEFAULT_MAX_TRIALS = 1000
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog="python -m rllib_amp.tune",
+        prog=PROG,
         description="Sweep the GradScaler's init_scale / growth_interval and the batch size "
         "of an rllib-amp experiment with Ray Tune.",
     )
@@ -164,6 +180,8 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
 
     checked = E.preflight(exp)  # what --dry-run proves, and what a real run checks before Ray
     storage = S.resolve(args.storage_path, exp.get("storage_path"))
+    if args.resume:  # Tune's own reads would wait minutes on a dead endpoint, then say "none"
+        S.check_reachable(storage)
     name = R.choose_name(exp.name, storage, name=args.name, resume=args.resume)
     spec = R.run_spec(exp, args.num_samples)
     if args.resume:
@@ -180,11 +198,65 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
     from rllib_amp.sweep import tuner as T
 
     # A second signal must not cut the summary short either; the lock outlives both.
-    with R.locks_released(), T.StopOnSignals():
-        if name is not None:  # a new run's name is locked as it is taken
-            R.lock(storage, name, "--resume" if args.resume else "--name")
-        exp, name, grid, stopped = _tune(exp, args, storage, name, spec, address, where, notices)
-        return _report(exp, args, grid, storage, name, stopped)
+    with R.locks_released(), T.StopOnSignals() as stop:
+        watch = RayWatch(on_death=stop.ray_died, on_stuck=partial(_ray_died_stuck, stop))
+        try:
+            if name is not None:  # a new run's name is locked as it is taken
+                R.lock(storage, name, "--resume" if args.resume else "--name")
+            if args.resume and name is not None:  # choose_name gives a name to resume
+                # Before Ray starts: a trial with no intact checkpoint left is exit 2 at once.
+                R.fall_back_to_intact_checkpoints(S.join(storage, name), args.restart_damaged)
+                stop.resume_command = R.resume_command(args, exp, name, storage)
+            with watch:
+                exp, name, grid, stopped = _tune(
+                    exp, args, storage, name, spec, address, where, notices, stop, watch
+                )
+        except KeyboardInterrupt as e:  # a signal, or Ray's death, before Tune's loop
+            return _stopped_before_trials(stop, e)
+        return _report(exp, args, grid, storage, name, stopped, stop)
+
+
+def _stopped_before_trials(stop: Any, e: KeyboardInterrupt) -> int:
+    """One line on stderr, the exit status: 1 Ray died, else 128 + the signal."""
+    if stop.ray_dead:
+        _say(_ray_died_line(stop))
+        return 1
+    line, status = interrupted_line(PROG, e)
+    then = (
+        f"continue with: {stop.resume_command}"
+        if stop.resume_command
+        else "nothing was written; run the same command to start it again"
+    )
+    print(f"{line} before the trials started; {then}", file=sys.stderr, flush=True)
+    return status
+
+
+def _ray_died_line(stop: Any) -> str:
+    then = (
+        f"continue with: {stop.resume_command}"
+        if stop.resume_command
+        else "nothing was written; run the same command to start it again"
+    )
+    return f"Ray died under the sweep ({stop.ray_dead}); its trials stopped with it; {then}"
+
+
+def _ray_died_stuck(stop: Any, what: str) -> None:
+    """The main thread is stuck in a call to the dead Ray (``RayWatch`` ends the process with
+    status 1 after this): the line, the locks released, the local Ray's other processes
+    ended (they outlive a driver that exits this way)."""
+    stop.ray_dead = stop.ray_dead or what
+    _say(_ray_died_line(stop))
+    for location in list(R._held):
+        R.unlock(location)
+    if stop.started_ray:
+        with contextlib.suppress(Exception):
+            end_local_ray()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _say(line: str) -> None:
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -229,11 +301,14 @@ def _tune(
     address: str | None,
     where: str,
     notices: Any,
+    stop: Any,
+    watch: RayWatch,
 ) -> tuple[Any, str, Any, int]:
     """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
     result grid, the signal that stopped it or 0)``. A new run (``name`` None) takes its name
     once every check has passed, so a refused start leaves no folder. Everything that fails
-    before the first trial is exit 2."""
+    before the first trial is exit 2. ``watch`` checks Ray from its start to its shutdown;
+    ``stop.resume_command`` is set once the run can be continued."""
     import ray
 
     from rllib_amp.sweep import grafana
@@ -250,7 +325,8 @@ def _tune(
     started = False
     if not ray.is_initialized():
         start_ray(address, where)
-        started = True
+        started = stop.started_ray = True
+    watch.start()
     try:
         if local:
             actual = RS.capacity_of(ray.cluster_resources())
@@ -270,11 +346,14 @@ def _tune(
             if new:
                 R.release(storage, name)  # only if empty: Tune wrote nothing there yet
             raise
+        stop.resume_command = R.resume_command(args, exp, name, storage)
         notices.release()
         grid, interrupted = T.fit(tuner)
     finally:
+        watch.stop_checking()
         if started:
             ray.shutdown()
+        watch.release()
     return exp, name, grid, interrupted
 
 
@@ -284,8 +363,6 @@ def _build_tuner(
     from rllib_amp.sweep import tuner as T
 
     exp_dir = S.join(storage, name)
-    if args.resume:
-        R.fall_back_to_intact_checkpoints(exp_dir, args.restart_damaged)
     try:
         tuner = T.build_tuner(exp, args, storage, name, restore=args.resume)
     except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
@@ -305,10 +382,17 @@ def _build_tuner(
 
 
 def _report(
-    exp: Any, args: argparse.Namespace, grid: Any, storage: str, name: str, interrupted: int
+    exp: Any,
+    args: argparse.Namespace,
+    grid: Any,
+    storage: str,
+    name: str,
+    interrupted: int,
+    stop: Any,
 ) -> int:
     """Prints the trials, the best checkpoint and the recommendation, writes results.parquet;
-    the exit status: 0 all done, 1 a trial failed or did not finish, 128 + the signal that
+    the exit status: 0 all done, 1 a trial failed or did not finish or Ray died under the
+    sweep (a line on stderr says so, with the --resume command), 128 + the signal that
     stopped it (130 SIGINT, 143 SIGTERM)."""
     from rllib_amp.sweep import figure, groups, recommend, summary
 
@@ -333,6 +417,9 @@ def _report(
     recommend.report(exp, rows, grid, exp_dir)
     failed = [r for r in rows if r["status"] == "ERROR"]
     unfinished = [r for r in rows if r["status"] == "UNFINISHED"]
+    if stop.ray_dead:  # the trials' errors are Ray's death, said once
+        _say(_ray_died_line(stop))
+        return 1
     if unfinished or interrupted:
         print(
             f"{len(unfinished)} trial(s) did not finish; continue with: "
@@ -374,7 +461,7 @@ def _count_trials(exp: Any, num_samples: int | None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     # Tune's classic reporter, so the AMP columns show in the progress table.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    return main_wrapper("python -m rllib_amp.tune", _run_with_bad_input_as_usage, argv)
+    return main_wrapper(PROG, _run_with_bad_input_as_usage, argv)
 
 
 def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import logging
 import math
@@ -20,6 +21,7 @@ import threading
 from functools import partial
 from typing import Any
 
+from rllib_amp.cli import Interrupted
 from rllib_amp.learner import metrics as M
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import storage as S
@@ -143,13 +145,19 @@ class StopOnSignals:
     own Ctrl-C handling does: it saves the experiment state and returns. A further signal
     (while Tune saves, or while the summary is written) is reported and otherwise ignored:
     raising there would cut the state file short in the middle of its upload. A first signal
-    before Tune's loop starts (nothing to save yet) or after it ended without one raises
-    KeyboardInterrupt. ``signum``: the signal that stopped the run, 0 none. Outside the main
-    thread it installs nothing."""
+    before Tune's loop starts (nothing to save yet) raises ``Interrupted`` (a
+    KeyboardInterrupt that carries the signal). ``signum``: the signal that stopped the run, 0
+    none. ``ray_died``: the Ray the sweep runs on died (``RayWatch``): Tune is stopped the
+    same way, ``ray_dead`` says what died. ``resume_command``: the command that continues
+    the run, once there is something to continue. Outside the main thread it installs
+    nothing."""
 
     def __init__(self) -> None:
         self.signum = 0
         self.fitted = False
+        self.ray_dead: str | None = None
+        self.started_ray = False  # the Ray the sweep runs on is this process's own
+        self.resume_command: str | None = None
         self._previous: dict[int, Any] = {}
         self._before_tune: Any = None
         self._disabled: str | None = None
@@ -187,21 +195,30 @@ class StopOnSignals:
             for s in self._previous:
                 signal.signal(s, self._stop)
 
+    def ray_died(self, what: str) -> None:
+        """Called from the thread that watches Ray: stops Tune (or, before its loop, the
+        command) in the main thread, as Ctrl-C would, and records ``what`` died."""
+        self.ray_dead = what
+        if self._previous:
+            _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
+
     def _stop(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self.signum:
-            _say(
-                f"{name}: still saving the experiment state and the summary; stopping once "
-                "they are written (SIGKILL stops at once and loses what is not saved)"
-            )
+        if self.signum or self.fitted:
+            if not self.ray_dead:
+                _say(
+                    f"{name}: still saving the experiment state and the summary; stopping "
+                    "once they are written (SIGKILL stops at once and loses what is not saved)"
+                )
             return
         # Tune's stop handler is on SIGUSR1 from the start of its loop (Tune always installs
         # it there); with TUNE_DISABLE_SIGINT_HANDLER, SIGINT is left to this handler.
         tune_stop = signal.getsignal(signal.SIGUSR1)
-        if self.fitted or tune_stop is self._before_tune or not callable(tune_stop):
-            raise KeyboardInterrupt
+        if tune_stop is self._before_tune or not callable(tune_stop):
+            raise Interrupted(signum)
         self.signum = signum
-        _say(f"{name}: stopping; saving the experiment state")
+        if not self.ray_dead:
+            _say(f"{name}: stopping; saving the experiment state")
         tune_stop(signal.SIGUSR1, frame)
 
 
@@ -216,5 +233,9 @@ _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 
 
 def _drop_tune_stop_advice(record: logging.LogRecord) -> bool:
-    """Tune's stop warning says a second Ctrl-C skips the save, which ``fit`` prevents."""
-    return not str(record.msg).startswith("Stop signal received")
+    """Tune's stop warning says a second Ctrl-C skips the save, which ``fit`` prevents; its
+    "Resume experiment with: Tuner.restore(...)" is Python, where the CLI prints its own
+    ``--resume`` command."""
+    return not str(record.msg).startswith(
+        ("Stop signal received", "Experiment has been interrupted")
+    )
