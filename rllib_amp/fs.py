@@ -6,25 +6,37 @@ A location is a local path (``~`` expanded, made absolute) or a URI pyarrow open
 (``C:/runs``), not a URI. Everything above this module reads and writes files through these
 functions, so local folders and object stores behave alike.
 
+Remote filesystems are opened with timeouts (``RLLIB_AMP_REMOTE_TIMEOUT_S``, default 30 s): an
+S3 endpoint that never answers, or GCS retrying a credentials lookup, ends in an OSError
+instead of a hang of minutes; ``probe`` checks a location within that time, on a helper
+thread, so Ctrl-C still works while it waits.
+
 Example:
     >>> is_uri("s3://bucket/exp"), is_uri("C:/runs"), is_uri("runs:2")
     (True, False, False)
     >>> fs, path = resolve("/tmp/run/checkpoint_000001")
     >>> fs.type_name, path
     ('local', '/tmp/run/checkpoint_000001')
+    >>> join("s3://b/run?endpoint_override=127.0.0.1:9000&scheme=http", "checkpoint_000001")
+    's3://b/run/checkpoint_000001?endpoint_override=127.0.0.1:9000&scheme=http'
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pickle
 import posixpath
 import re
+import threading
 import urllib.parse
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import pyarrow.fs
+
+T = TypeVar("T")
 
 # Tune's checkpoint folder names (StorageContext): ``checkpoint_000003``, nothing after the
 # number, so a folder moved aside (``checkpoint_000003.damaged``) is never one.
@@ -33,6 +45,38 @@ CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
 STATE_FORMATS: tuple[str, ...] = (".pkl", ".msgpack", ".json")
 # pyarrow's filesystem type names that differ from the URI scheme users write.
 _SCHEMES = {"gcs": "gs"}
+# How long one remote access may stay unanswered before it fails: pyarrow's S3 connect and
+# inactivity timeouts (a third of it each, as the S3 client tries 3 times), GCS's retry
+# limit, and ``probe``'s wait. Without it an S3 endpoint that accepts and never answers
+# holds a call for 100 s, and GCS retries a failing credentials lookup for 15 minutes.
+REMOTE_TIMEOUT_ENV = "RLLIB_AMP_REMOTE_TIMEOUT_S"
+DEFAULT_REMOTE_TIMEOUT_S = 30.0
+
+
+class RemoteTimeout(TimeoutError):
+    """A remote location gave no answer within the remote timeout (an OSError)."""
+
+
+def remote_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """Seconds a remote access may stay unanswered: ``$RLLIB_AMP_REMOTE_TIMEOUT_S`` or 30.
+
+    Example:
+        >>> remote_timeout_s({"RLLIB_AMP_REMOTE_TIMEOUT_S": "5"}), remote_timeout_s({})
+        (5.0, 30.0)
+    """
+    raw = (os.environ if env is None else env).get(REMOTE_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_REMOTE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(
+            f"{REMOTE_TIMEOUT_ENV}: got {raw!r}; must be a number of seconds > 0, e.g. "
+            f"{REMOTE_TIMEOUT_ENV}=30 (or unset it for {DEFAULT_REMOTE_TIMEOUT_S:g})"
+        )
+    return value
 
 
 def is_uri(location: str) -> bool:
@@ -43,6 +87,20 @@ def is_uri(location: str) -> bool:
         (True, False, False)
     """
     return "://" in location and len(urllib.parse.urlparse(location).scheme) > 1
+
+
+def join(location: str, *parts: str) -> str:
+    """``location/part/...``: a local path, or a URI whose query (``?endpoint_override=...``)
+    stays at the end, after the joined path.
+
+    Example:
+        >>> join("/runs", "a", "b"), join("gs://bucket/exp", "trial_0")
+        ('/runs/a/b', 'gs://bucket/exp/trial_0')
+    """
+    if not is_uri(location):
+        return os.path.join(location, *parts)
+    u = urllib.parse.urlparse(location)
+    return urllib.parse.urlunparse(u._replace(path=posixpath.join(u.path or "/", *parts)))
 
 
 def local_path(location: str) -> str:
@@ -75,7 +133,9 @@ def resolve(location: Any, filesystem: pyarrow.fs.FileSystem | None = None) -> t
     """(pyarrow filesystem, path on it) for a local path, a ``pathlib.Path`` or a URI.
 
     With ``filesystem`` given, ``location`` is already a path on it and is returned as is.
-    pyarrow's errors (an unknown scheme, a bad URI) propagate: callers say which key it was.
+    S3 and GCS filesystems get the remote timeout (``remote_timeout_s``) where the URI sets
+    none. pyarrow's errors (an unknown scheme, a bad URI) propagate: callers say which key
+    it was.
 
     Example:
         >>> resolve("file:///tmp/exp")[1]
@@ -85,8 +145,87 @@ def resolve(location: Any, filesystem: pyarrow.fs.FileSystem | None = None) -> t
     if filesystem is not None:
         return filesystem, text
     if is_uri(text):
-        return pyarrow.fs.FileSystem.from_uri(text)
+        fs, path = pyarrow.fs.FileSystem.from_uri(text)
+        return _with_timeouts(fs), path
     return pyarrow.fs.LocalFileSystem(), local_path(text)
+
+
+def _with_timeouts(fs: Any) -> Any:
+    """The same filesystem with bounded waits. pyarrow takes no timeouts in an S3 URI's
+    query, so the filesystem is built again from its own arguments (what pickling uses)."""
+    timeout = remote_timeout_s()
+    kind = type(fs).__name__
+    if kind not in ("S3FileSystem", "GcsFileSystem"):
+        return fs
+    reconstruct, (kwargs, *_) = fs.__reduce__()
+    if kind == "S3FileSystem":
+        for key in ("connect_timeout", "request_timeout"):
+            if kwargs.get(key) is None or kwargs[key] < 0:
+                kwargs[key] = timeout / 3
+    elif kwargs.get("retry_time_limit") is None:  # GCS (?retry_limit_seconds= sets it)
+        kwargs["retry_time_limit"] = datetime.timedelta(seconds=max(1, round(timeout)))
+    return reconstruct(kwargs)
+
+
+def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -> T:
+    """``call()``, or RemoteTimeout naming ``where`` when it has not returned within
+    ``timeout_s`` (default ``remote_timeout_s()``).
+
+    The call runs on a helper thread and this one waits: Ctrl-C ends the wait at once, which
+    a thread inside a blocking pyarrow call would not notice. A call that times out is left
+    to end on its own (its filesystem's own timeouts end it).
+
+    Example:
+        >>> bounded(lambda: 42, "nowhere", timeout_s=5)
+        42
+    """
+    timeout = remote_timeout_s() if timeout_s is None else timeout_s
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=f"rllib-amp access to {where}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise RemoteTimeout(f"no answer from {where} within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def probe(location: str, timeout_s: float | None = None) -> None:
+    """Opens a URI's filesystem and asks it about ``location``, within ``timeout_s``: the
+    pyarrow OSError (a closed port, no credentials, no libjvm for hdfs://) or RemoteTimeout
+    when the remote cannot be used. Local paths are not probed. A missing path is fine.
+
+    Example:
+        >>> probe("/no/such/folder")  # local: nothing to reach
+    """
+    if not is_uri(location):
+        return
+
+    def ask() -> None:
+        fs, path = resolve(location)
+        fs.get_file_info(path)
+
+    bounded(ask, location, timeout_s)
+
+
+def error_line(e: BaseException) -> str:
+    """The first line of an error, as a cause in parentheses: pyarrow's OSErrors run to 40
+    lines (hdfs's libjvm search) where the first says what failed.
+
+    Example:
+        >>> error_line(OSError("Unable to load libjvm\\ndlopen(...) failed"))
+        'Unable to load libjvm'
+    """
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0].strip()
 
 
 def display_path(fs: Any, fs_path: str) -> str:

@@ -34,9 +34,13 @@ from rllib_amp.checkpoint_files import CheckpointError, verify_checkpoint
 from rllib_amp.fs import (
     checkpoint_folders,
     decode,
+    error_line,
     exists,
     is_dir,
     is_file,
+    is_uri,
+    join,
+    probe,
     read_bytes,
     resolve,
 )
@@ -69,8 +73,8 @@ def learner_state_file(path: str) -> str | None:
     for folder in LEARNER_FOLDERS:
         for name in STATE_FILES:
             rel = f"{folder}/{name}" if folder else name
-            if is_file(fs, f"{base.rstrip('/')}/{rel}"):
-                return f"{path.rstrip('/')}/{rel}"
+            if is_file(fs, posixpath.join(base, rel)):
+                return join(path, rel)  # a URI's query stays last
     return None
 
 
@@ -98,6 +102,19 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
         ValueError: amp.warm_start.from: '/no/such/checkpoint' does not exist; ...
     """
     where = f"{WHERE}.from"
+    try:
+        return _read_scaler_states(path, where)
+    except OSError as e:  # the remote is down, slow or refuses us: before any trial, or in one
+        remote = "reachable from this machine, " if is_uri(path) else ""
+        raise ValueError(
+            f"{where}: cannot read {path!r} ({error_line(e)}); check that it is {remote}"
+            f"readable with these credentials, or drop warm_start to start from init_scale"
+        ) from None
+
+
+def _read_scaler_states(path: str, where: str) -> dict[str, dict[str, Any]]:
+    # A dead endpoint: one bounded wait (Ctrl-C works) instead of one hang per file below.
+    probe(path)
     fs, base = resolve(path)
     if not exists(fs, base):
         raise ValueError(

@@ -195,6 +195,7 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
     if address is not None:
         probe_address(address, where)
     S.check_writable(storage)
+    S.keep_files_whole()  # a disk that fills up mid-run keeps the last whole copy of each file
     from rllib_amp.sweep import tuner as T
 
     # A second signal must not cut the summary short either; the lock outlives both.
@@ -398,6 +399,12 @@ def _report(
 
     exp_dir = S.join(storage, name)
     rows = summary.summarize(exp, grid, storage)
+    fault = summary.storage_fault(exp_dir, rows)
+    if fault is not None:  # said once; nothing more is written to a storage that fails
+        print(summary.format_table(exp, rows))
+        resume = R.resume_command(args, exp, name, storage)
+        _say(f"{fault}; free space or fix the storage, then continue with: {resume}")
+        return signal_exit_status(interrupted) if interrupted else 1
     parquet = S.join(exp_dir, RESULTS_FILE)
     summary.write_parquet(rows, parquet)
     print()

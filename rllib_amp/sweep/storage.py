@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import posixpath
 import secrets
 import urllib.parse
 from collections.abc import Mapping
@@ -81,13 +80,22 @@ def resolve(
 
 def _normalise(location: str, where: str) -> str:
     if is_uri(location):
-        filesystem(location, where=where)  # an unknown scheme is an error now, not mid-run
+        _open(location, where)  # an unknown scheme is an error now, not mid-run (offline)
         return location
     return files.local_path(location)
 
 
 def filesystem(location: str, *, where: str = "--storage-path") -> tuple[Any, str]:
-    """``(pyarrow FileSystem, path on it)`` for a location; StorageError if pyarrow cannot."""
+    """``(pyarrow FileSystem, path on it)`` for a location; StorageError if pyarrow cannot
+    open it, or if a URI's endpoint does not answer (``check_reachable``: once per endpoint,
+    so a dead one costs one timeout, not one per file)."""
+    opened = _open(location, where)
+    if is_uri(location):
+        check_reachable(location, where=where)
+    return opened
+
+
+def _open(location: str, where: str) -> tuple[Any, str]:
     try:
         return files.resolve(location)
     except (ValueError, OSError, TypeError) as e:
@@ -98,12 +106,41 @@ def filesystem(location: str, *, where: str = "--storage-path") -> tuple[Any, st
         ) from None
 
 
-def join(location: str, *parts: str) -> str:
-    """``location/part/...``; a URI keeps its scheme and query."""
+# endpoint (scheme, host, query) -> None once it answered, or the StorageError it gave.
+_reached: dict[tuple[str, str, str], StorageError | None] = {}
+
+
+def check_reachable(location: str, *, where: str = "--storage-path") -> None:
+    """StorageError with one line naming ``location``, the cause and the fix when its
+    endpoint does not answer within the remote timeout (``rllib_amp.fs.remote_timeout_s``):
+    a closed port, a server that never answers, missing credentials. Local paths, and
+    endpoints that answered before in this process, are not asked again.
+
+    Example:
+        >>> check_reachable("/tmp")  # local: nothing to reach
+    """
     if not is_uri(location):
-        return os.path.join(location, *parts)
+        return
     u = urllib.parse.urlparse(location)
-    return urllib.parse.urlunparse(u._replace(path=posixpath.join(u.path or "/", *parts)))
+    key = (u.scheme, u.netloc, u.query)
+    if key not in _reached:
+        try:
+            files.probe(location)
+            _reached[key] = None
+        except (OSError, ValueError) as e:
+            _reached[key] = StorageError(
+                f"{where}: cannot reach {location} ({_first_line_of(e)}); check that its "
+                f"endpoint is up and reachable from this machine and the credentials, or "
+                f"pass another {where}"
+            )
+    error = _reached[key]
+    if error is not None:
+        raise StorageError(str(error))
+
+
+def join(location: str, *parts: str) -> str:
+    """``location/part/...``; a URI keeps its scheme and query (``rllib_amp.fs.join``)."""
+    return files.join(location, *parts)
 
 
 def to_uri(location: str, fs_path: str) -> str:
@@ -166,8 +203,7 @@ def delete_file(location: str) -> None:
 
 
 def _first_line_of(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
+    return files.error_line(e)
 
 
 def _read_marker(location: str) -> bytes:
@@ -182,6 +218,7 @@ def check_writable(location: str) -> None:
     Example:
         >>> check_writable("/tmp")  # returns None when the driver can use it
     """
+    check_reachable(location)  # one timeout for a dead endpoint, named as such
     marker = _marker(location)
     created_root = _make_root(location)
     try:
@@ -259,6 +296,76 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
             f"checkpoints; {FIX}"
         )
     return len(nodes)
+
+
+# What a file being replaced is written to first, beside it (never a name Tune uses).
+PARTIAL_SUFFIX = ".rllib-amp-partial"
+
+
+def keep_files_whole() -> None:
+    """From now on, in this process, Tune replaces each file it uploads to a local or
+    mounted storage whole or not at all: a full disk mid-run keeps the last complete copy.
+
+    Tune copies its experiment state, every trial's ``result.json`` and its error files
+    from the driver's staging folder to the storage again and again, writing over the file
+    in place: the copy that meets a full disk truncates it (seen: an experiment state cut
+    mid-JSON, so ``--resume`` could not read it, and result rows lost). Here each file goes
+    to ``<name>.rllib-amp-partial`` first and is renamed over the old one once complete.
+    Object stores (S3, GCS) replace an object only on a complete upload already and are
+    left as they are; so are the trials' own checkpoint uploads (new folders, which the
+    checkpoint manifest covers). Idempotent.
+
+    Example:
+        >>> keep_files_whole()  # doctest: +SKIP
+    """
+    from ray.train._internal import storage as train_storage
+
+    copy = train_storage._pyarrow_fs_copy_files
+    if getattr(copy, "_rllib_amp_whole", False):
+        return
+
+    def copy_whole(source: Any, destination: Any, **kwargs: Any) -> Any:
+        import pyarrow.fs as pafs
+
+        target_fs = kwargs.get("destination_filesystem")
+        if not isinstance(target_fs, pafs.LocalFileSystem):
+            return copy(source, destination, **kwargs)
+        source_fs = kwargs.get("source_filesystem") or pafs.LocalFileSystem()
+        for src, dst in _file_pairs(source_fs, str(source), str(destination)):
+            _replace_whole(source_fs, src, dst)
+        return None
+
+    copy_whole._rllib_amp_whole = True  # type: ignore[attr-defined]
+    train_storage._pyarrow_fs_copy_files = copy_whole  # type: ignore[assignment]
+
+
+def _file_pairs(source_fs: Any, source: str, destination: str) -> list[tuple[str, str]]:
+    import pyarrow.fs as pafs
+
+    if source_fs.get_file_info(source).type == pafs.FileType.File:
+        return [(source, destination)]
+    infos = source_fs.get_file_info(pafs.FileSelector(source, recursive=True))
+    root = source.rstrip("/")
+    return [
+        (i.path, os.path.join(destination, os.path.relpath(i.path, root)))
+        for i in infos
+        if i.type == pafs.FileType.File
+    ]
+
+
+def _replace_whole(source_fs: Any, src: str, dst: str) -> None:
+    import shutil
+
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    partial = dst + PARTIAL_SUFFIX
+    try:
+        with source_fs.open_input_stream(src) as f, open(partial, "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+        os.replace(partial, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
 
 
 def _node_name(node: Mapping[str, Any]) -> str:

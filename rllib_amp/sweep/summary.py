@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -289,6 +290,52 @@ def target_line(exp: Any, rows: Sequence[dict[str, Any]], threshold: float) -> s
         f"{format_value(steps[0])} to {format_value(steps[-1])} env steps "
         f"(median {format_value(statistics.median(steps))})."
     )
+
+
+# A trial error that is the storage refusing a write or not answering, not the trial's own
+# fault: a full disk (ENOSPC), a quota (EDQUOT), a read-only mount (EROFS), a dead endpoint.
+_STORAGE_ERROR = re.compile(
+    r"No space left on device|Disk quota exceeded|Read-only file system|\[Errno (28|30|122)\]"
+    r"|AWS Error NETWORK_CONNECTION|Could not connect to server|Unable to set up cluster storage",
+    re.IGNORECASE,
+)
+_ENOSPC = re.compile(r"No space left on device|\[Errno 28\]", re.IGNORECASE)
+
+
+def storage_fault(exp_dir: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """One line naming the storage error of a run, or None when there was none: a small
+    file cannot be written to ``exp_dir`` now, or trials stopped on a storage error. Said
+    once for all trials, so the CLI prints it instead of one failure line per trial and
+    writes nothing more there (results.parquet, the figure would fail the same way).
+
+    Example:
+        >>> import tempfile
+        >>> storage_fault(tempfile.mkdtemp(), [{"trial_id": "a", "error": None}]) is None
+        True
+    """
+    stopped = [r["trial_id"] for r in rows if _STORAGE_ERROR.search(str(r.get("error") or ""))]
+    refused = _write_refused(exp_dir)
+    if refused is None and not stopped:
+        return None
+    cause = refused or next(
+        str(r["error"]) for r in rows if _STORAGE_ERROR.search(str(r.get("error") or ""))
+    )
+    what = "is full (ENOSPC)" if _ENOSPC.search(cause) else "failed"
+    on_it = f"; trial(s) {', '.join(map(str, stopped))} stopped on it" if stopped else ""
+    return f"the storage at {exp_dir} {what}: {cause}{on_it}"
+
+
+def _write_refused(exp_dir: str) -> str | None:
+    """Why a small file cannot be written to (and removed from) ``exp_dir`` now, or None."""
+    marker = S.join(exp_dir, f".rllib-amp-storage-check-{os.getpid()}")
+    try:
+        S.write_bytes(marker, b"x")
+        S.delete_file(marker)
+    except (OSError, S.StorageError) as e:
+        with contextlib.suppress(OSError, S.StorageError):
+            S.delete_file(marker)
+        return root_error(e)
+    return None
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
