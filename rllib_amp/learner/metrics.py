@@ -25,6 +25,9 @@ SKIP_FRACTION = "amp_skip_fraction"
 
 # Optimizer steps whose loss itself was inf/nan (bad data, not an fp16 overflow).
 NONFINITE_LOSS_STEPS_LIFETIME = "amp_nonfinite_loss_steps_lifetime"
+# 1 in an iteration whose learner logged the "keeps skipping optimizer steps" WARNING, else
+# 0: that log line stays in the worker's log, and the sweep's summary repeats it from this.
+SKIP_WARNING = "amp_skip_warning"
 
 ALL_KEYS: tuple[str, ...] = (
     GRAD_SCALE,
@@ -32,6 +35,7 @@ ALL_KEYS: tuple[str, ...] = (
     OPTIMIZER_STEPS_LIFETIME,
     SKIP_FRACTION,
     NONFINITE_LOSS_STEPS_LIFETIME,
+    SKIP_WARNING,
 )
 
 

@@ -2,7 +2,9 @@
 
 Per module, into RLlib's learner results (``result["learners"][module_id]``, keys in
 ``rllib_amp.learner.metrics``) and Ray's metrics; and one WARNING with advice when a module keeps
-skipping optimizer steps.
+skipping optimizer steps. That WARNING is logged in the learner's process, whose log a sweep's
+user does not see (``log_to_driver=False``): the results carry ``amp_skip_warning`` = 1 for
+the iteration, and the sweep's summary repeats it per trial (``skip_advice``).
 
 Example:
     >>> from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -46,6 +48,7 @@ def report_update(
     reduce_by_key = {
         M.GRAD_SCALE: {"window": 1} if merged_results else {"reduce": "item"},
         M.SKIP_FRACTION: {"window": 1},
+        M.SKIP_WARNING: {"reduce": "max"},  # over the iteration's updates (and learners)
     }
     for module_id, scaler in scalers.items():
         steps, skipped = scaler.pop_window()
@@ -58,31 +61,64 @@ def report_update(
         if steps:
             # Averaged over an iteration's updates (each the same number of steps).
             values[M.SKIP_FRACTION] = skipped / steps
+        warn = scaler.check_persistent_skips(steps, skipped)
+        values[M.SKIP_WARNING] = 1.0 if warn else 0.0
         for key, value in values.items():
             metrics.log_value((module_id, key), value, **reduce_by_key.get(key, _COUNTER))
-        if scaler.check_persistent_skips(steps, skipped):
+        if warn:
             _warn_persistent_skips(module_id, scaler, skipped / steps)
         M.publish(values, trial=trial, module=module_id)
 
 
-def _warn_persistent_skips(module_id: str, scaler: PolicyScaler, fraction: float) -> None:
-    s = scaler.settings
-    if scaler.nonfinite_loss_steps_lifetime:
-        cause = "nonfinite_loss"
-        advice = (
+def skip_cause(*, nonfinite_loss_steps: float, scaling: bool) -> str:
+    """Why a module keeps skipping steps: ``nonfinite_loss`` (the loss itself was nan/inf:
+    bad data), ``overflow`` (float16 gradients beyond the scale), ``nonfinite_gradients``
+    (no scaler: bfloat16 gradients themselves nan/inf).
+
+    Example:
+        >>> skip_cause(nonfinite_loss_steps=0, scaling=True)
+        'overflow'
+    """
+    if nonfinite_loss_steps:
+        return "nonfinite_loss"
+    return "overflow" if scaling else "nonfinite_gradients"
+
+
+def skip_advice(cause: str, settings: Any = None) -> str:
+    """What to change for ``cause`` (``skip_cause``); with ``settings`` (AmpSettings), the
+    values now.
+
+    Example:
+        >>> skip_advice("nonfinite_gradients")
+        'bfloat16 needs no scaling: lower the learning rate or set grad_clip'
+    """
+    if cause == "nonfinite_loss":
+        return (
             "the loss itself has been nan/inf: check observations and rewards for nan, "
             "and lower the learning rate"
         )
-    elif scaler.scaling:
-        cause = "overflow"
-        advice = (
-            f"lower init_scale (now {s.init_scale:g}) or growth_factor (now "
-            f"{s.growth_factor:g}), or raise growth_interval (now {s.growth_interval}); if "
-            f"the scale keeps falling, lower the learning rate or use dtype bfloat16"
+    if cause == "overflow":
+        s = settings
+        now = (
+            (
+                f"init_scale (now {s.init_scale:g}) or growth_factor (now {s.growth_factor:g}), "
+                f"or raise growth_interval (now {s.growth_interval})"
+            )
+            if s is not None
+            else "init_scale or growth_factor, or raise growth_interval"
         )
-    else:
-        cause = "nonfinite_gradients"
-        advice = "bfloat16 needs no scaling: lower the learning rate or set grad_clip"
+        return (
+            f"lower {now}; if the scale keeps falling, lower the learning rate or use dtype "
+            f"bfloat16"
+        )
+    return "bfloat16 needs no scaling: lower the learning rate or set grad_clip"
+
+
+def _warn_persistent_skips(module_id: str, scaler: PolicyScaler, fraction: float) -> None:
+    cause = skip_cause(
+        nonfinite_loss_steps=scaler.nonfinite_loss_steps_lifetime, scaling=scaler.scaling
+    )
+    advice = skip_advice(cause, scaler.settings)
     logger.warning(
         "rllib_amp: module %r skipped %.0f%% of its optimizer steps (inf/nan gradients) in "
         "%d consecutive updates; grad scale now %g. Advice: %s.",

@@ -415,6 +415,8 @@ def _report(
         order = f"soonest first to {exp.tune['metric']} >= {threshold:g}"
     print(f"Trials of {name}, {order}:")
     print(summary.format_table(exp, rows))
+    for line in summary.warning_lines(rows):  # logged in the learners' processes, unseen
+        print(line)
     if threshold is not None:
         print(summary.target_line(exp, rows, threshold))
     best = next((r for r in rows if r["status"] == "DONE" and r["checkpoint"]), None)

@@ -199,6 +199,7 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
                 "error": root_error(result.error) if result.error else None,
             }
         )
+        row.update(skip_warnings(frame, final, cfg))
         if threshold is not None:
             steps_key, time_key = target_columns(threshold)
             row[steps_key], row[time_key] = first_reached(result, exp.tune["metric"], threshold)
@@ -217,6 +218,73 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
         steps_key = target_columns(threshold)[0]
         rows.sort(key=lambda r: (r[steps_key] is None, r[steps_key] or 0))
     return rows
+
+
+# -- warnings the learners logged ------------------------------------------------------------
+def skip_warnings(frame: Any, final: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """The "keeps skipping optimizer steps" WARNINGs a trial's learner logged (in its worker's
+    log, which the CLI does not show): ``skip_warnings``, in how many iterations;
+    ``skip_warning_iteration``, the first; ``skip_advice``, what to change (the learner's own
+    advice, from the trial's AMP settings and its final metrics), None without a warning."""
+    key = amp_metric_key(M.SKIP_WARNING)
+    none = {"skip_warnings": 0, "skip_warning_iteration": None, "skip_advice": None}
+    if frame is None or key not in frame.columns:
+        return none
+    warned = frame[frame[key].fillna(0) >= 1]
+    if warned.empty:
+        return none
+    from rllib_amp.learner import report
+
+    settings = _amp_settings(cfg)
+    scale = _metric(final, amp_metric_key(M.GRAD_SCALE))
+    dtype = getattr(settings, "dtype", None)
+    scaling = dtype == "float16" or (is_number(scale) and scale != 1.0 and dtype != "bfloat16")
+    nonfinite = _metric(final, amp_metric_key(M.NONFINITE_LOSS_STEPS_LIFETIME))
+    cause = report.skip_cause(nonfinite_loss_steps=nonfinite or 0, scaling=scaling)
+    first: Any = None
+    if "training_iteration" in warned.columns:
+        first = warned["training_iteration"].iloc[0]
+        first = first.item() if hasattr(first, "item") else first
+    return {
+        "skip_warnings": len(warned),
+        "skip_warning_iteration": first,
+        "skip_advice": report.skip_advice(cause, settings),
+    }
+
+
+def _amp_settings(cfg: dict[str, Any]) -> Any:
+    """The trial's AmpSettings, from its config; None where they cannot be read."""
+    from rllib_amp.settings import AmpSettings
+
+    try:
+        return AmpSettings.from_dict(_dig(cfg, ("learner_config_dict", AMP_CONFIG_KEY)))
+    except Exception:  # noqa: BLE001 - the advice then names no values
+        return None
+
+
+def warning_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per trial whose learner warned that its module keeps skipping optimizer
+    steps: the learner's WARNING, repeated where the user sees it.
+
+    Example:
+        >>> (line,) = warning_lines([{"trial_id": "a_00000", "skip_warnings": 2,
+        ...     "skip_fraction": 0.5, "skip_warning_iteration": 3, "grad_scale": 1.0,
+        ...     "skip_advice": "lower x"}])
+        >>> line.split(": ")[0], line.split("; ")[1]
+        ('WARNING trial a_00000', 'final skip frac 0.5, grad scale 1. Advice: lower x.')
+    """
+    lines = []
+    for r in rows:
+        if not r.get("skip_warnings"):
+            continue
+        lines.append(
+            f"WARNING trial {r['trial_id']}: module {MODULE_ID} kept skipping optimizer steps "
+            f"(inf/nan gradients) in {r['skip_warnings']} iteration(s) from iteration "
+            f"{format_value(r.get('skip_warning_iteration'))}; final skip frac "
+            f"{format_value(r.get('skip_fraction'))}, grad scale "
+            f"{format_value(r.get('grad_scale'))}. Advice: {r['skip_advice']}."
+        )
+    return lines
 
 
 def _trial_id(trial_dir: str | None) -> str | None:
