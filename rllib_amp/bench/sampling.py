@@ -1,7 +1,10 @@
 """Sampling throughput of one EnvRunner (env steps/s, inference included) on an Atari path.
 
 The benchmark's sampling row: RLlib's wrappers vs ALE's native vector env, same module, same
-number of envs.
+number of envs; on the native path, RLlib's per-env loop vs the batched sampler
+(``env_config.sampler``, ``rllib_amp.envs.batched_runner``). ``compare_samplers`` repeats
+each in a fresh process, interleaved, and reports median and spread;
+``python -m rllib_amp.bench.sampling`` prints them.
 
 Example:
     >>> cfg = sampling_config(WRAPPERS, num_envs=2)
@@ -11,17 +14,36 @@ Example:
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rllib_amp.algorithms import algorithm as algorithm_record
 from rllib_amp.envs import configure as envs
 from rllib_amp.envs import models
-from rllib_amp.envs.atari import NATIVE, PREPROCESSING_KEY, WRAPPERS
+from rllib_amp.envs.atari import (
+    BATCHED,
+    NATIVE,
+    PREPROCESSING_KEY,
+    RLLIB,
+    SAMPLER_KEY,
+    SAMPLERS,
+    WRAPPERS,
+)
 
-__all__ = ["NATIVE", "WRAPPERS", "SamplingThroughput", "measure_sampling", "sampling_config"]
+__all__ = [
+    "BATCHED",
+    "NATIVE",
+    "RLLIB",
+    "WRAPPERS",
+    "SamplingThroughput",
+    "compare_samplers",
+    "measure_sampling",
+    "sampling_config",
+]
 
 
 def sampling_config(
@@ -33,11 +55,13 @@ def sampling_config(
     algorithm: str = "PPO",
     num_cpus: int = 2,
     env_config: Mapping[str, Any] | None = None,
+    sampler: str | None = None,
 ) -> Any:
     """A config for one local EnvRunner with ``num_cpus`` CPUs sampling ``env_id``.
 
     ``preprocessing``: the Atari path (``native`` or ``wrappers``). The native env gets one
-    ALE thread per CPU, as in a Ray EnvRunner. Add ``with_amp`` for autocast inference.
+    ALE thread per CPU, as in a Ray EnvRunner. ``sampler`` (native only): ``batched`` (the
+    default) or ``rllib``. Add ``with_amp`` for autocast inference.
 
     Example:
         >>> cfg = sampling_config(WRAPPERS, num_envs=2)
@@ -46,6 +70,8 @@ def sampling_config(
     """
     cfg = algorithm_record(algorithm).config_class()
     env_config = {**(env_config or {}), PREPROCESSING_KEY: preprocessing}
+    if sampler is not None:
+        env_config[SAMPLER_KEY] = sampler
     if preprocessing == NATIVE:
         # A local runner has no Ray CPU assignment to follow: give it the same count.
         env_config.setdefault("num_threads", max(1, min(num_cpus, num_envs)))
@@ -101,3 +127,93 @@ def measure_sampling(
         runner.stop()
         torch.set_num_threads(torch_threads)
     return SamplingThroughput(env_steps=steps, seconds=seconds)
+
+
+# -- batched vs RLlib's loop ------------------------------------------------------------------
+def sampler_one(sampler: str, num_envs: int, env_steps: int, model: str, num_cpus: int) -> float:
+    """Env steps/s of one native EnvRunner on ``sampler`` (a picklable job for ``in_child``)."""
+    cfg = sampling_config(
+        NATIVE, num_envs=num_envs, model=model, num_cpus=num_cpus, sampler=sampler
+    )
+    return measure_sampling(cfg, env_steps=env_steps, warmup_steps=min(512, env_steps)).steps_per_s
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Median and spread of repeated figures.
+
+    Example:
+        >>> summary([3.0, 1.0, 2.0])
+        {'median': 2.0, 'min': 1.0, 'max': 3.0, 'n': 3}
+    """
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def compare_samplers(
+    reps: int,
+    *,
+    samplers: Sequence[str] = (RLLIB, BATCHED),
+    num_envs: int = 16,
+    env_steps: int = 4096,
+    model: str = "full",
+    num_cpus: int = 2,
+    fresh: bool = True,
+) -> dict[str, list[float]]:
+    """Env steps/s per sampler, ``reps`` each, interleaved; each in a fresh process by default.
+
+    Example:
+        >>> runs = compare_samplers(1, num_envs=2, env_steps=8, fresh=False)  # doctest: +SKIP
+        >>> sorted(runs)  # doctest: +SKIP
+        ['batched', 'rllib']
+    """
+    from rllib_amp.bench.figures import interleaved
+    from rllib_amp.bench.harness import in_child
+
+    out: dict[str, list[float]] = {s: [] for s in samplers}
+    for rep in range(reps):
+        for sampler in interleaved(samplers, rep):
+            args = (sampler, num_envs, env_steps, model, num_cpus)
+            value = in_child(sampler_one, *args) if fresh else sampler_one(*args)
+            out[sampler].append(float(value))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rllib_amp.cli import Parser, main_wrapper
+
+    def run(argv: Sequence[str] | None) -> int:
+        parser = Parser(
+            prog="python -m rllib_amp.bench.sampling",
+            description="Env steps/s of one native EnvRunner: RLlib's loop vs the batched sampler.",
+        )
+        parser.add_argument("--reps", type=int, default=5)
+        parser.add_argument("--envs", type=int, default=16)
+        parser.add_argument("--steps", type=int, default=4096)
+        parser.add_argument("--model", default="full")
+        parser.add_argument("--cpus", type=int, default=2)
+        parser.add_argument("--samplers", default=",".join((RLLIB, BATCHED)))
+        args = parser.parse_args(argv)
+        samplers = [s for s in args.samplers.split(",") if s]
+        for s in samplers:
+            if s not in SAMPLERS:
+                parser.error(f"--samplers: {s!r} is not one of {', '.join(SAMPLERS)}")
+        runs = compare_samplers(
+            args.reps,
+            samplers=samplers,
+            num_envs=args.envs,
+            env_steps=args.steps,
+            model=args.model,
+            num_cpus=args.cpus,
+        )
+        print(json.dumps({s: {"runs": v, **summary(v)} for s, v in runs.items()}, indent=1))
+        return 0
+
+    return main_wrapper("python -m rllib_amp.bench.sampling", run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
 from rllib_amp.algorithms import algorithm
 from rllib_amp.envs import atari
@@ -134,6 +135,42 @@ def test_configure_env_defaults_ale_ids_to_the_native_path_with_a_uint8_module()
     assert cfg._rl_module_spec.module_class is algorithm("PPO").uint8_module
 
 
+class MyRunner(SingleAgentEnvRunner):
+    """A user's own EnvRunner."""
+
+
+def test_native_path_samples_batched_unless_the_sampler_says_rllib():
+    from rllib_amp import with_amp
+    from rllib_amp.envs.batched_runner import BatchedAleEnvRunner
+    from rllib_amp.learner.env_runner import AmpSingleAgentEnvRunner
+
+    cfg = PPOConfig()
+    envs.configure_env(cfg, "ALE/Pong-v5", None)
+    assert cfg.env_runner_cls is BatchedAleEnvRunner
+    assert "sampler" not in cfg.env_config  # the env never sees it
+    # with_amp after configure_env keeps the batched runner (it does AMP inference itself);
+    # configure_env after with_amp replaces the AMP runner with it.
+    assert with_amp(cfg).env_runner_cls is BatchedAleEnvRunner
+    amp_first = with_amp(PPOConfig())
+    envs.configure_env(amp_first, "ALE/Pong-v5", {"sampler": "batched"})
+    assert amp_first.env_runner_cls is BatchedAleEnvRunner
+    # sampler: rllib is RLlib's loop: the AMP runner with AMP, RLlib's own without.
+    envs.configure_env(amp_first, "ALE/Pong-v5", {"sampler": "rllib"})
+    assert amp_first.env_runner_cls is AmpSingleAgentEnvRunner
+    stock = PPOConfig()
+    envs.configure_env(stock, "ALE/Pong-v5", {"sampler": "rllib"})
+    assert stock.env_runner_cls is None
+    # The wrappers path and other envs never get it; a user's own EnvRunner stays.
+    for env_id, env_config in (("ALE/Pong-v5", {"preprocessing": "wrappers"}), ("CartPole-v1", {})):
+        other = PPOConfig()
+        envs.configure_env(other, "ALE/Pong-v5", None)
+        envs.configure_env(other, env_id, env_config)
+        assert other.env_runner_cls is None
+    mine = PPOConfig().env_runners(env_runner_cls=MyRunner)
+    envs.configure_env(mine, "ALE/Pong-v5", None)
+    assert mine.env_runner_cls is MyRunner
+
+
 def test_configure_env_wrappers_path_is_todays_float32_path():
     cfg = DQNConfig()
     envs.configure_env(
@@ -157,6 +194,13 @@ def test_configure_env_wrappers_path_is_todays_float32_path():
         ({"repeat_action_probability": 2}, ["env_config.repeat_action_probability", "[0, 1]"]),
         ({"num_threads": 0}, ["env_config.num_threads", ">= 1"]),
         ({"preprocessing": "python"}, ["env_config.preprocessing", "native | wrappers"]),
+        ({"sampler": "fast"}, ["env_config.sampler", "got 'fast'", "batched | rllib"]),
+        ({"sampler": {"grid_search": ["batched", "rllib"]}}, ["env_config.sampler", "fixed"]),
+        (
+            {"preprocessing": "wrappers", "sampler": "batched"},
+            ["env_config.sampler", "preprocessing: native"],
+        ),
+        ({"samplr": "rllib"}, ["env_config.samplr", "did you mean 'sampler'"]),
     ],
 )
 def test_options_the_native_env_cannot_honour_are_clear_errors(env_config, names):
