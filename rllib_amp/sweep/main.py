@@ -349,13 +349,36 @@ def _tune(
             raise
         stop.resume_command = R.resume_command(args, exp, name, storage)
         notices.release()
-        grid, interrupted = T.fit(tuner)
+        try:
+            grid, interrupted = T.fit(tuner)
+        except KeyboardInterrupt:  # before Tune's loop: it saved no experiment state
+            if not args.resume and _discard_unstarted(storage, name):
+                stop.resume_command = None
+            raise
     finally:
         watch.stop_checking()
         if started:
             ray.shutdown()
         watch.release()
     return exp, name, grid, interrupted
+
+
+def _discard_unstarted(storage: str, name: str) -> bool:
+    """A new run stopped before Tune's loop holds no experiment state, so ``--resume`` could
+    not continue it: what it wrote (Tune's tuner.pkl, experiment.yaml, its lock) goes, and the
+    same command starts it again. True once it is gone; a run whose state Tune saved stays."""
+    import pyarrow.fs as pafs
+
+    exp_dir = S.join(storage, name)
+    try:
+        fs, path = S.filesystem(exp_dir)
+        entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        if any(e.base_name.startswith("experiment_state-") for e in entries):
+            return False
+        fs.delete_dir(path)
+    except (OSError, S.StorageError):
+        return False
+    return True
 
 
 def _build_tuner(

@@ -1,12 +1,17 @@
 """`python -m rllib_amp.tune` stopped by a signal: SIGTERM (what `ray job stop` and most
 schedulers send) behaves like Ctrl-C, and a second signal while the experiment state is being
-saved does not cut it short. Each run is then resumed to the end."""
+saved does not cut it short. Each run is then resumed to the end. Outside Tune's loop too: while
+the command's modules load, and between Ray's start and Tune's loop (one line, 130 or 143, the
+--resume command when there is something to resume)."""
 
 from __future__ import annotations
 
 import glob
+import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 
 import pyarrow.parquet as pq
@@ -75,3 +80,124 @@ def test_a_signal_saves_the_state_prints_resume_and_resume_finishes(
     assert resume and f"--name {name}" in resume[-1], text[-3000:]
     assert glob.glob(str(tmp_path / name / "experiment_state-*.json"))
     _resume_finishes(cmd, tmp_path, name)
+
+
+# -- signals outside Tune's loop -------------------------------------------------------------
+def _mapped(pid: int, fragment: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8") as f:
+            return fragment in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("sig", "line", "status"),
+    [
+        (signal.SIGINT, "python -m rllib_amp.tune: interrupted", 130),
+        (signal.SIGTERM, "python -m rllib_amp.tune: stopped by SIGTERM", 143),
+    ],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_while_the_command_loads_is_one_line(tmp_path, tiny_file, sig, line, status):
+    """Sent once pyarrow is being loaded (the command's first heavy import, a second or more
+    before RLlib's): one line and 128 + the signal, not a KeyboardInterrupt traceback."""
+    config = tiny_file(tmp_path, iterations=1, scales=[1024.0])
+    cmd = [sys.executable, "-m", "rllib_amp.tune", "--config", config,
+           "--storage-path", str(tmp_path), "--name", "early"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and not _mapped(proc.pid, "libarrow"):
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == status, err[-3000:]
+    assert err == line + "\n", err[-3000:]
+    assert not (tmp_path / "early").exists()
+
+
+def _signalled_before_tunes_loop(monkeypatch, argv, capsys):
+    """Runs the command in this process with a SIGTERM sent once Ray is up and the Tuner is
+    built (its files written), before Tune's loop: its exit status and its one line."""
+    from rllib_amp.sweep import main as cli
+    from rllib_amp.sweep import tuner as T
+
+    def signalled_fit(tuner):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode, in this thread
+        time.sleep(30)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(T, "fit", signalled_fit)
+        status = cli.main(argv)
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("python -m rllib_amp.tune:")]
+    assert len(ours) == 1 and "Traceback" not in err, err[-3000:]
+    assert ours[0].startswith("python -m rllib_amp.tune: stopped by SIGTERM before the trials")
+    return status, ours[0]
+
+
+def _runs_to_the_end(command, folder):
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = pq.read_table(str(folder / "results.parquet")).to_pylist()
+    assert [r["status"] for r in rows] == ["DONE"]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_sigterm_between_ray_and_tunes_loop_is_143_and_nothing_is_lost(
+    tmp_path, tiny_file, session_sweep, monkeypatch, capsys
+):
+    """Exit 143 and one line. A new run has no experiment state to resume yet: what it wrote
+    goes, and the same command starts it again; a --resume run gives the --resume command,
+    which still continues it."""
+    config = tiny_file(tmp_path, iterations=1, scales=[1024.0])
+    cmd = session_sweep(config, tmp_path, "early-term")
+    status, line = _signalled_before_tunes_loop(monkeypatch, cmd[3:], capsys)
+    assert status == 143
+    assert line.endswith("nothing was written; run the same command to start it again"), line
+    assert not (tmp_path / "early-term").exists()
+    _runs_to_the_end(cmd, tmp_path / "early-term")
+    before = _files(tmp_path / "early-term")
+
+    status, line = _signalled_before_tunes_loop(monkeypatch, [*cmd[3:], "--resume"], capsys)
+    assert status == 143
+    command = shlex.split(line.split("continue with: ", 1)[1])
+    assert command[-1] == "--resume" and set(command[1:]) == {*cmd[1:], "--resume"}, command
+    assert _files(tmp_path / "early-term") == before  # not a byte changed: --resume continues
+
+
+def _files(folder):
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_ray_init_keeps_the_sigterm_handler_and_its_exit_is_an_interrupt(monkeypatch):
+    """``ray.init`` puts ``sys.exit(15)`` on SIGTERM (exit 15, nothing saved): start_ray
+    gives the handler back, and a SIGTERM during ``ray.init`` is Interrupted(SIGTERM)."""
+    import ray
+
+    from rllib_amp.cli import Interrupted
+    from rllib_amp.sweep.ray_address import start_ray
+
+    def like_ray(*args, **kwargs):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+
+    def signalled(*args, **kwargs):
+        like_ray()
+        raise SystemExit(signal.SIGTERM)
+
+    ours = lambda signum, frame: None  # noqa: E731
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        monkeypatch.setattr(ray, "init", like_ray)
+        start_ray(None, "")
+        assert signal.getsignal(signal.SIGTERM) is ours
+        monkeypatch.setattr(ray, "init", signalled)
+        with pytest.raises(Interrupted) as stopped:
+            start_ray("127.0.0.1:1", "--address")
+        assert stopped.value.signum == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
