@@ -10,6 +10,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+from ray._private.state import jobs
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -102,14 +103,17 @@ def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_trial(
     for checkpoint in saved:
         _truncate_biggest_file(checkpoint)
     results_before = len(trial_results(os.path.join(trial, "result.json")))
+    jobs_before = [job["JobID"] for job in jobs()]
 
     out = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
 
     assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Traceback" not in out.stderr and "RayTaskError" not in out.stderr
-    # (Ray's own INFO lines about joining the test session's Ray are not ours.)
-    lines = [line for line in out.stderr.splitlines() if line and "INFO worker.py" not in line]
+    # Said before Ray starts: the command never joined the session's Ray (no "Connecting to
+    # existing Ray cluster" line, no job of its own there), and the line is all it wrote.
+    lines = [line for line in out.stderr.splitlines() if line]
     assert len(lines) == 1, out.stderr[-3000:]
+    assert [job["JobID"] for job in jobs()] == jobs_before
     assert os.path.basename(trial) in lines[0] and "no intact checkpoint" in lines[0]
     assert "--restart-damaged" in lines[0]
     # Refused before anything changed: the damaged checkpoints stay where they were, and the
