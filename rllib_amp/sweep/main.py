@@ -8,9 +8,10 @@ folder. Storage is a local path, a shared mount or a URI (``s3://``, ``gs://``, 
 ``rllib_amp.sweep.storage``). Before any trial starts it checks what would otherwise fail late: on
 a multi-node cluster, that every node reaches the storage; on a local Ray, that a trial's
 resources fit the machine (``--fit-to-machine`` scales them down). Exit status: 0 success,
-1 a trial failed or did not finish, 2 bad input (anything knowable before the first trial
-starts), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (``ray job stop``, a scheduler;
-after either, ``--resume`` continues).
+1 a trial failed or did not finish, or Ray died under the sweep (one line, the ``--resume``
+command), 2 bad input (anything knowable before the first trial starts), 130 interrupted
+(Ctrl-C), 143 stopped by SIGTERM (``ray job stop``, a scheduler; after either, ``--resume``
+continues).
 
 Example:
     python -m rllib_amp.tune --set stop.training_iteration=2 --num-samples 1
