@@ -204,6 +204,7 @@ class RayWatch:
         self._released = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_answer = time.monotonic()
+        self._watch_cluster = True
 
     def start(self) -> None:
         """Starts checking (once Ray is up)."""
@@ -246,10 +247,15 @@ class RayWatch:
     def _check_cluster(self) -> str | None:
         import ray
 
+        if not self._watch_cluster:
+            return None
         try:
             gcs = getattr(ray._private.worker.global_worker, "gcs_client")  # noqa: B009
             nodes = gcs.get_all_node_info(timeout=5)
             mine = ray.get_runtime_context().get_node_id()
+        except (AttributeError, TypeError, NameError):
+            self._watch_cluster = False  # another Ray's API: no watch rather than a false alarm
+            return None
         except Exception:  # noqa: BLE001 - unreachable, timed out, shut down: judged by silence
             silent = time.monotonic() - self._last_answer
             if silent >= GCS_SILENCE_S:
