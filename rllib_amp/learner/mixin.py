@@ -13,6 +13,8 @@ Each override wraps RLlib's own method and hands the AMP part to the module that
     _make_batch_if_necessary       the GAE value pass under autocast          (value_pass)
     _create_iterator_if_necessary  one copy per minibatch                     (minibatch)
     after_gradient_based_update    metrics and skip warnings                  (report)
+    update                         APPO: the results its learner thread left  (async_results)
+                                   behind are reported, not queued forever
     get_state / set_state          scaler state, Adam fusing                  (scaling.state,
                                                                                fused_adam)
     restore_from_path              damaged files refused before any load      (checkpoint_files)
@@ -37,12 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from ray.rllib.algorithms.impala import IMPALAConfig
+from ray.rllib.algorithms.impala.impala_learner import IMPALALearner
 from ray.rllib.core import COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from rllib_amp.checkpoint_files import verify_checkpoint
+from rllib_amp.learner.async_results import collect_pending, discard_pending
 from rllib_amp.learner.fused_adam import fuse_adam, set_adam_fusing
 from rllib_amp.learner.malloc import tune_cpu_malloc
 from rllib_amp.learner.minibatch import gather_minibatches
@@ -263,6 +267,20 @@ class AmpLearnerMixin(_MixinBase):
         return gather_minibatches(iterator) if self.amp_enabled else iterator
 
     # -- metrics ---------------------------------------------------------------------------
+    @override(Learner)
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().update(*args, **kwargs)
+        if self.amp_enabled and isinstance(self, IMPALALearner):
+            # RLlib's learner thread queues K results per call (APPO trains each batch K
+            # times) and this call took one: without the rest, every reported value lags
+            # further each call and the lifetime counters read about 1/K of the truth.
+            result = collect_pending(
+                self._learner_thread_out_queue,
+                result,
+                stats_cls_lookup=self.config.stats_cls_lookup,
+            )
+        return result
+
     @override(TorchLearner)
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         super().after_gradient_based_update(timesteps=timesteps)
@@ -298,6 +316,9 @@ class AmpLearnerMixin(_MixinBase):
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
         full = COMPONENT_OPTIMIZER in state
+        if full and self.amp_enabled and isinstance(self, IMPALALearner):
+            # Results of updates made before the restore describe the replaced state.
+            discard_pending(getattr(self, "_learner_thread_out_queue", None))
         if full:
             optimizers = [
                 opt

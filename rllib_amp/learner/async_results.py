@@ -1,0 +1,84 @@
+"""Asynchronous learners (APPO, IMPALA): every update's results reach the algorithm, in time.
+
+RLlib 2.60's ``IMPALALearner`` trains on a background thread that puts one reduced result
+per finished update into an out-queue, while ``update()`` takes one result per call. APPO's
+circular buffer trains each batch ``circular_buffer_iterations_per_batch`` times (K, 2 by
+default), so the thread finishes K updates per call and K-1 results stay behind: the queue
+grows without bound, and every learner metric the algorithm reports is older and older (after
+n calls, that of update ~n of ~K*n). Sums arrive late; absolute values such as the AMP
+lifetime counters read about 1/K of the truth, and a restore, which starts an empty queue,
+shows the real count: the counters seem to double across a ``--resume``.
+
+``collect_pending`` takes what RLlib left in the queue and merges it, oldest first, with the
+result RLlib took, the way the algorithm merges results that arrive one after another (sums
+add up, counters keep their maximum, the last item wins).
+
+Example:
+    >>> import queue
+    >>> from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+    >>> def reduced(n):
+    ...     m = MetricsLogger()
+    ...     m.log_value("steps", n, reduce="max", window=1)
+    ...     m.log_value("trained", 10, reduce="sum")
+    ...     return m.reduce()
+    >>> pending = queue.Queue()
+    >>> for n in (2, 3):
+    ...     pending.put(reduced(n))
+    >>> merged = collect_pending(pending, reduced(1))
+    >>> sorted((k, int(v)) for k, v in MetricsLogger.peek_results(merged).items())
+    [('steps', 3), ('trained', 30)]
+    >>> pending.empty()
+    True
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+# What IMPALALearner.update adds to a result besides metrics (not a Stats object).
+_MODULE_STATE_KEY = "_rl_module_state_after_update"
+
+
+def collect_pending(
+    out_queue: queue.Queue, result: dict[str, Any], *, stats_cls_lookup: Any = None
+) -> dict[str, Any]:
+    """``result`` merged with every result still waiting in ``out_queue`` (emptied).
+
+    ``result`` is returned as it is when nothing waits. ``stats_cls_lookup``: the config's
+    (``AlgorithmConfig.stats_cls_lookup``), for custom reduce methods.
+    """
+    pending = []
+    while True:
+        try:
+            pending.append(out_queue.get_nowait())
+        except queue.Empty:
+            break
+    if not pending:
+        return result
+    extra = {k: result.pop(k) for k in (_MODULE_STATE_KEY,) if k in result}
+    kwargs = {"stats_cls_lookup": stats_cls_lookup} if stats_cls_lookup is not None else {}
+    # A root logger of its own, used once: RLlib 2.60's intermediate (non-root) loggers
+    # cannot take sums that track a throughput, and this one's lifetime sums start at 0.
+    merged = MetricsLogger(root=True, **kwargs)
+    # One at a time: results in sequence, as the algorithm's own logger merges them over time
+    # (several at once would be merged as parallel learners, which "item" stats refuse).
+    for one in (result, *pending):
+        if one:
+            merged.aggregate([one])
+    return {**merged.reduce(), **extra}
+
+
+def discard_pending(out_queue: queue.Queue | None) -> int:
+    """Drops the results waiting in ``out_queue``; returns how many. After a restore they
+    describe updates of the state that was replaced."""
+    dropped = 0
+    while out_queue is not None:
+        try:
+            out_queue.get_nowait()
+        except queue.Empty:
+            break
+        dropped += 1
+    return dropped
