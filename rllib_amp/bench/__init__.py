@@ -16,7 +16,11 @@ Figures (``figures``), on the workloads of ``workloads.WORKLOADS``:
      allocator defaults);
   3. end-to-end env steps/s of PPO on ALE/Pong-v5 over a few training iterations, 16 envs
      per EnvRunner (one batched forward pass per step for all of them);
-  4. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
+  4. (with PPO) the learner's fixed cost per minibatch step (``fixed_cost``): a PPO update
+     of a tiny network (CartPole, MLP [8], batch 4096, minibatch 256), in ms per step, the
+     difference of a 5-epoch and a 1-epoch update on one torch thread: Python, RLlib's and
+     the scaler's bookkeeping, which a GPU pays on every minibatch;
+  5. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
      fixed number of env steps.
 
 Figures 1-3 sample Pong on the default Atari path (ALE's native env, uint8 observations).
@@ -24,11 +28,11 @@ Figures 1-3 sample Pong on the default Atari path (ALE's native env, uint8 obser
 Atari-path figures (``atari_figures``), RLlib's Python wrappers (float32 observations) vs ALE's
 native vector env (uint8), variants ``workloads.PATH_VARIANTS`` ("fp32 wrappers" is stock
 RLlib as it ships and the reference of their ratios):
-  5. sampling env steps/s of one EnvRunner with 16 envs, inference included, each repetition
+  6. sampling env steps/s of one EnvRunner with 16 envs, inference included, each repetition
      of each path in a fresh process;
-  6. end-to-end env steps/s of PPO (target) and APPO (reported) on Pong;
-  7. DQN replay-buffer bytes per stored transition (with --algos including DQN);
-  8. peak memory of a learner update per path variant.
+  7. end-to-end env steps/s of PPO (target) and APPO (reported) on Pong;
+  8. DQN replay-buffer bytes per stored transition (with --algos including DQN);
+  9. peak memory of a learner update per path variant.
 The Atari path's targets (``report.TARGETS``) print under the table as measured ratios, met or not.
 
 Each throughput cell and the end-to-end figure run in a fresh process (``harness``), and
@@ -57,6 +61,7 @@ _EXPORTS = {
         ("bench_end_to_end", "bench_memory", "bench_parity", "bench_throughput"),
         "rllib_amp.bench.figures",
     ),
+    "bench_fixed_cost": "rllib_amp.bench.fixed_cost",
     "in_child": "rllib_amp.bench.harness",
     **dict.fromkeys(
         (

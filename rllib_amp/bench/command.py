@@ -17,6 +17,7 @@ from typing import Any
 
 import rllib_amp.bench.atari_figures as atari_figures
 import rllib_amp.bench.figures as figures
+import rllib_amp.bench.fixed_cost as fixed_cost
 import rllib_amp.bench.report as report
 from rllib_amp.algorithms import algorithm
 from rllib_amp.bench.harness import in_child
@@ -172,6 +173,11 @@ def run(argv: Sequence[str] | None = None) -> int:
                         algo, model, variants, device, data_path
                     )
                     save()
+    if "PPO" in algos:
+        label = fixed_cost.FIXED_COST.label()
+        print(f"[bench] fixed cost per minibatch, {label} x{reps}", file=sys.stderr)
+        results["fixed_cost"] = in_child(fixed_cost.fixed_cost_cell, variants, device, reps)
+        save()
     print("[bench] PPO Pong end to end", file=sys.stderr)
     results["end_to_end"] = in_child(
         figures.bench_end_to_end, variants, device, 4 if args.quick else 8

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
+from rllib_amp.bench.fixed_cost import FIXED_COST
 from rllib_amp.bench.workloads import STOCK
 from rllib_amp.cli import UsageError
 from rllib_amp.learner.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpuinfo
@@ -75,26 +76,38 @@ def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
         per_variant: dict[str, float],
         higher: bool,
         reference: str = "fp32",
+        spread: dict[str, tuple[float, float]] | None = None,
     ):
         ref = per_variant.get(reference)
         for v, value in per_variant.items():
-            rows.append(
-                {
-                    "figure": figure,
-                    "workload": workload,
-                    "variant": v,
-                    "value": value,
-                    "unit": unit,
-                    "ratio_to_fp32": value / ref if ref else math.nan,
-                    "better_is": "higher" if higher else "lower",
-                    "reference": reference,
-                }
-            )
+            row = {
+                "figure": figure,
+                "workload": workload,
+                "variant": v,
+                "value": value,
+                "unit": unit,
+                "ratio_to_fp32": value / ref if ref else math.nan,
+                "better_is": "higher" if higher else "lower",
+                "reference": reference,
+            }
+            if spread and v in spread:
+                row["low"], row["high"] = spread[v]
+            rows.append(row)
 
     for key, per in results.get("throughput", {}).items():
         add("learner update", key, "samples/s", {v: _median(x) for v, x in per.items()}, True)
     for key, per in results.get("memory", {}).items():
         add("peak memory of update", key, "MiB", {v: x / 2**20 for v, x in per.items()}, False)
+    if results.get("fixed_cost"):
+        per = {v: [1000 * t for t in ts] for v, ts in results["fixed_cost"].items()}
+        add(
+            "fixed cost per minibatch step",
+            f"{FIXED_COST.label()}, 1 thread",
+            "ms",
+            {v: _median(ms) for v, ms in per.items()},
+            False,
+            spread={v: (min(ms), max(ms)) for v, ms in per.items() if ms},
+        )
     if results.get("end_to_end"):
         add(
             "end to end",
@@ -162,7 +175,10 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     ]
     for r in rows:
         value = r["value"]
-        shown = f"{value:,.1f} {r['unit']}" if math.isfinite(value) else "-"
+        digits = 2 if r["unit"] == "ms" else 1
+        shown = f"{value:,.{digits}f} {r['unit']}" if math.isfinite(value) else "-"
+        if "low" in r and math.isfinite(value):
+            shown += f" ({r['low']:,.{digits}f}-{r['high']:,.{digits}f})"
         ratio = f"{r['ratio_to_fp32']:.2f}x" if math.isfinite(r["ratio_to_fp32"]) else "-"
         lines.append(f"| {r['figure']} | {r['workload']} | {r['variant']} | {shown} | {ratio} |")
     return "\n".join(lines)
@@ -220,6 +236,12 @@ TARGETS: tuple[Target, ...] = (
         _med_ratio("end_to_end_paths", "amp native", STOCK, "PPO"),
         2.5,
         at_most=False,
+    ),
+    Target(
+        "fixed cost per minibatch step, amp-auto / stock fp32 ms",
+        _med_ratio("fixed_cost", "amp-auto", "fp32"),
+        1.0,
+        at_most=True,
     ),
     Target(
         "DQN replay bytes per transition, uint8 / float32",
