@@ -38,16 +38,53 @@ def _grads(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.Tensor]:
 def grads_are_finite(optimizers: Iterable[torch.optim.Optimizer]) -> bool:
     """True when no gradient of these optimizers holds an inf or nan (one host sync).
 
-    A sum propagates inf and nan, and one reduction per tensor is far cheaper than
-    ``isfinite(g).all()`` (measured: 0.45 ms vs 7.2 ms for the Nature CNN's gradients on
-    2 CPU cores). Finite gradients whose sum exceeds float32's range (~3e38) also count as
-    non-finite: a step on those would be garbage anyway.
+    One fused ``torch._amp_foreach_non_finite_check_and_unscale_`` per device and dtype (the
+    kernel GradScaler's unscale_ runs, here with a factor of 1.0, which leaves every value as
+    it is), then one sync: for a tiny network one op instead of a reduction per tensor plus
+    a stack (measured: 2.6 vs 20.7 us for an MLP [8] on one CPU thread), for the Nature
+    CNN's 3.3M gradients about the same (131 vs 102 us). Sparse gradients take one
+    ``isfinite`` reduction each.
     """
     grads = _grads(optimizers)
     if not grads:
         return True
-    total = torch.stack([g.sum(dtype=torch.float32) for g in grads]).sum()
-    return bool(torch.isfinite(total))
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    sparse = []
+    for g in grads:
+        if g.is_sparse:
+            sparse.append(g)
+        else:
+            groups.setdefault((g.device, g.dtype), []).append(g)
+    found: list[torch.Tensor] = []
+    for (device, _), tensors in groups.items():
+        flag = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            tensors, flag, torch.ones(1, device=device)
+        )
+        found.append(flag)
+    found += [(~torch.isfinite(g.coalesce().values()).all()).float().view(1) for g in sparse]
+    first = found[0].device
+    total = found[0] if len(found) == 1 else sum(f.to(first) for f in found)
+    return not bool(total)
+
+
+def _recorded_found_inf(
+    grad_scaler: torch.amp.GradScaler, optimizers: Iterable[torch.optim.Optimizer]
+) -> bool | None:
+    """Whether the GradScaler's ``unscale_`` of ``optimizers`` met an inf/nan (one host
+    sync, no second pass over the gradients); None where its record cannot be read."""
+    states = getattr(grad_scaler, "_per_optimizer_states", None)
+    flags: list[torch.Tensor] = []
+    for opt in optimizers:
+        record = states.get(id(opt)) if isinstance(states, Mapping) else None
+        per_device = record.get("found_inf_per_device") if isinstance(record, Mapping) else None
+        if not isinstance(per_device, Mapping) or not per_device:
+            return None
+        flags += list(per_device.values())
+    if not flags:
+        return False
+    first = flags[0].device
+    return bool(sum(f.to(first) for f in flags))
 
 
 class _Scale:
@@ -150,16 +187,19 @@ class PolicyScaler:
             raise RuntimeError(
                 "PolicyScaler.unscale_: already called for this step; call step() first"
             )
+        found: bool | None = None
         if self.scaling:
-            for opt in optimizers:
-                if _grads([opt]):
-                    self._scaler.unscale_(opt)
-                    self._torch_unscaled.add(id(opt))
+            unscaled = [opt for opt in optimizers if _grads([opt])]
+            for opt in unscaled:
+                self._scaler.unscale_(opt)
+                self._torch_unscaled.add(id(opt))
             if self._torch_unscaled:
                 self._scale.pending.add(id(self))
+            # What unscale_ found: the optimizers without gradients have nothing to check.
+            found = _recorded_found_inf(self._scaler, unscaled)
         # Checked over all of the module's optimizers so that they step together or not at
         # all (GradScaler alone decides per optimizer).
-        self._found_inf = not grads_are_finite(optimizers)
+        self._found_inf = not grads_are_finite(optimizers) if found is None else found
 
     @property
     def unscaled(self) -> bool:
@@ -184,11 +224,11 @@ class PolicyScaler:
             skipped = not grads_are_finite(stepping)
         self._found_inf = None
         if not skipped:
+            # A plain step, also after the GradScaler's unscale_: it found no inf, and its
+            # own step() would only ask again (one more host sync per optimizer). update()
+            # reads what unscale_ recorded.
             for opt in stepping:
-                if id(opt) in self._torch_unscaled:
-                    self._scaler.step(opt)  # unscale_ recorded no inf: a plain step
-                else:
-                    opt.step()
+                opt.step()
         self._release_scale()
         if not stepping:
             return False
