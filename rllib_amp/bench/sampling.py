@@ -217,3 +217,95 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# -- overlap: envs stepping while the network works -------------------------------------------
+OVERLAP_MODES = ("sync", "halves")
+
+
+def overlap_one(
+    mode: str,
+    num_envs: int = 16,
+    env_steps: int = 4096,
+    model: str = "full",
+    ale_threads: int = 2,
+    torch_threads: int = 2,
+) -> float:
+    """Env steps/s of the bare batched loop (module forward, action sampling, ALE step).
+
+    ``sync``: one ALE vector env of ``num_envs``; the network and the envs take turns.
+    ``halves``: two vector envs of half the envs each, stepped with ALE's asynchronous
+    ``send``/``recv``: while the network computes one half's actions, the other half steps.
+    No episodes, no RLlib runner: what overlap can buy at most.
+    """
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from ale_py.vector_env import AtariVectorEnv
+
+    torch.set_num_threads(torch_threads)
+    cfg = sampling_config(NATIVE, num_envs=num_envs, model=model)
+    spaces: dict[str, Any] = {"default_policy": (models.ATARI_OBS_SPACE, gym.spaces.Discrete(6))}
+    module = cfg.get_rl_module_spec(spaces=spaces).build()
+    dist_cls = module.get_exploration_action_dist_cls()
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        images = torch.from_numpy(obs).permute(0, 2, 3, 1).contiguous()
+        logits = module.forward_exploration({"obs": images}, t=0)["action_dist_inputs"]
+        return dist_cls.from_logits(logits).sample().numpy()
+
+    groups = 1 if mode == "sync" else 2
+    size = num_envs // groups
+    threads = max(1, ale_threads // groups)
+    envs = [AtariVectorEnv("pong", size, num_threads=threads) for _ in range(groups)]
+    obs: list[Any] = [env.reset(seed=i * size)[0] for i, env in enumerate(envs)]
+    rounds = max(1, env_steps // num_envs)
+    warmup = max(1, rounds // 8)
+    start = 0.0
+    for r in range(rounds + warmup):
+        if r == warmup:
+            start = time.perf_counter()
+        if groups == 1:
+            obs[0] = envs[0].step(act(obs[0]))[0]
+            continue
+        # Half 0 was sent last round: compute half 1's actions while half 0 steps.
+        if r == 0:
+            envs[0].send(act(obs[0]))
+        envs[1].send(act(obs[1]))
+        obs[0] = envs[0].recv()[0]
+        envs[0].send(act(obs[0]))
+        obs[1] = envs[1].recv()[0]
+    seconds = time.perf_counter() - start
+    for env in envs:
+        env.close()
+    return rounds * num_envs / seconds
+
+
+def compare_overlap(
+    reps: int, *, variants: Sequence[tuple[str, int, int]] | None = None, **kwargs: Any
+) -> dict[str, list[float]]:
+    """Env steps/s per (mode, ALE threads, torch threads), ``reps`` each, interleaved, each in
+    a fresh process."""
+    from rllib_amp.bench.figures import interleaved
+    from rllib_amp.bench.harness import in_child
+
+    variants = variants or [("sync", 2, 2), ("halves", 2, 2), ("halves", 2, 1)]
+    names = {f"{m} ale{a} torch{t}": (m, a, t) for m, a, t in variants}
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps):
+        for name in interleaved(list(names), rep):
+            mode, ale, tt = names[name]
+            out[name].append(
+                float(
+                    in_child(
+                        overlap_one,
+                        mode,
+                        kwargs.get("num_envs", 16),
+                        kwargs.get("env_steps", 4096),
+                        kwargs.get("model", "full"),
+                        ale,
+                        tt,
+                    )
+                )
+            )
+    return out

@@ -102,7 +102,7 @@ def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
     for name in _EPISODE_CALLBACKS:
         if getattr(config, f"callbacks_{name}", None):
             return f"the config sets callbacks_{name}"
-    classes = config.callbacks_class if isinstance(config.callbacks_class, list) else []
+    classes: list[Any] = config.callbacks_class if isinstance(config.callbacks_class, list) else []
     classes = classes or [config.callbacks_class]
     for cls in classes:
         for name in _EPISODE_CALLBACKS:
@@ -243,7 +243,8 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         """RLlib's own reset (seeding, new episodes, callbacks); keeps the obs as one array."""
         self._reset_envs_and_episodes(explore)
         self._cached_to_module = None
-        obs = np.stack([e.get_observations(-1) for e in self._ongoing_episodes])
+        episodes: list[Any] = self._ongoing_episodes
+        obs = np.stack([e.get_observations(-1) for e in episodes])
         self._batched_obs = np.ascontiguousarray(np.moveaxis(obs, -1, 1))
 
     def _sample_batched(
@@ -251,21 +252,24 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
     ) -> list[SingleAgentEpisode]:
         if force_reset or self._needs_initial_reset or self._batched_obs is None:
             self._reset_batched(explore)
-        ale = self.env.unwrapped
+        env: Any = self.env
+        ale = env.unwrapped
+        episodes: list[Any] = self._ongoing_episodes
         module = self.module
         runners = self.config.num_env_runners or 1
         num_envs = self.num_envs
         steps = _Steps()
+        extras: dict[str, np.ndarray]
         # An env whose episode ended at the previous step autoresets at this one: ALE ignores
         # its action and returns the first observation of the next episode.
-        restarting = np.array([not e.is_reset for e in self._ongoing_episodes])
-        lengths = np.array([len(e) for e in self._ongoing_episodes])
+        restarting = np.array([not e.is_reset for e in episodes])
+        lengths = np.array([len(e) for e in episodes])
         ts = 0
         while ts < num_timesteps:
             obs = self._batched_obs
             assert obs is not None
             if random_actions:
-                actions, extras = self.env.action_space.sample(), {}
+                actions, extras = env.action_space.sample(), {}
             else:
                 actions, extras = self._actions(module, obs, explore, ts, runners)
             try:
@@ -273,10 +277,13 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                     next_obs, rewards, terminated, truncated, infos = ale.step(actions)
             except Exception as e:
                 if self._step_failed(e) is ENV_STEP_FAILURE:
+                    # As RLlib: a new env, new episodes; the steps of this call are dropped.
                     self._reset_batched(explore)
+                    env = self.env
+                    ale = env.unwrapped
                     steps = _Steps()
-                    restarting[:] = False
-                    lengths[:] = 0
+                    restarting = np.zeros(num_envs, bool)
+                    lengths = np.zeros(num_envs, int)
                     ts = 0
                     continue
                 raise
@@ -320,10 +327,10 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 out[Columns.ACTIONS] = dist.sample()
                 if Columns.ACTION_LOGP not in out:
                     out[Columns.ACTION_LOGP] = dist.logp(out[Columns.ACTIONS])
-            out = convert_to_numpy(out)
-            actions = out.pop(Columns.ACTIONS)
-            out.pop(Columns.ACTIONS_FOR_ENV, None)
-        return actions, out
+            arrays: dict[str, Any] = convert_to_numpy(out)  # type: ignore[assignment]
+            actions = arrays.pop(Columns.ACTIONS)
+            arrays.pop(Columns.ACTIONS_FOR_ENV, None)
+        return actions, arrays
 
     def _step_failed(self, error: Exception) -> Any:
         """RLlib's handling of a failed env step (``EnvRunner._try_env_step``)."""
@@ -346,8 +353,9 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         arrays = _Arrays(steps) if steps.obs else None
         num_steps = len(steps.obs)
         horizon = self.config.episode_lookback_horizon
+        episodes: list[Any] = self._ongoing_episodes
         for env in range(self.num_envs):
-            episode = self._ongoing_episodes[env]
+            episode = episodes[env]
             rows = np.arange(0)
             s = 0
             while s < num_steps:
@@ -366,8 +374,8 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 episode = self._chunk(episode, arrays, rows, env)
                 if episode.is_done:
                     done.append((last, env, episode))
-                    self._new_episode(env, self._ongoing_episodes)
-                    episode = self._ongoing_episodes[env]
+                    self._new_episode(env, episodes)
+                    episode = episodes[env]
                     rows = np.arange(0)
                 s = last + 1
             continuation = episode.cut(len_lookback_buffer=horizon)
@@ -384,7 +392,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 episode.to_numpy()
             self._ongoing_episodes_for_metrics[episode.id_].append(episode)
             ongoing.append(episode)
-        self._ongoing_episodes = continuations
+        self._ongoing_episodes = continuations  # type: ignore[assignment]
         done_episodes = [e for _, _, e in sorted(done, key=lambda d: (d[0], d[1]))]
         self._done_episodes_for_metrics.extend(done_episodes)
         self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=num_timesteps)
@@ -395,7 +403,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         """The autoreset at step ``s`` starts ``episode`` (empty until now), as add_env_reset."""
         obs = np.moveaxis(arrays.obs[s][env], 0, -1)
         episode.add_env_reset(observation=obs, infos=arrays.info_dicts([s], env)[0])
-        episode._start_time = arrays.times[s]
+        episode._start_time = arrays.times[s]  # type: ignore[assignment]
 
     def _chunk(
         self, base: SingleAgentEpisode, arrays: _Arrays, rows: np.ndarray, env: int
@@ -443,6 +451,6 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             t_started=base.t_started,
         )
         episode._custom_data = base.custom_data
-        episode._start_time = base._start_time or arrays.times[int(rows[0])]
-        episode._last_step_time = arrays.times[last]
+        episode._start_time = base._start_time or arrays.times[int(rows[0])]  # type: ignore[assignment]
+        episode._last_step_time = arrays.times[last]  # type: ignore[assignment]
         return episode

@@ -161,3 +161,28 @@ def test_state_round_trips_between_the_two_runners(sampler):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_failed_env_step_restarts_the_envs_as_rllib_does(monkeypatch):
+    r = runner(atari.BATCHED, num_envs=2)
+    r.config.restart_failed_sub_environments = True
+    try:
+        r.sample(num_timesteps=6)
+        ale_cls = type(r.env.unwrapped)
+        real_step, calls = ale_cls.step, []
+
+        def flaky(self, actions):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("emulator crashed")
+            return real_step(self, actions)
+
+        monkeypatch.setattr(ale_cls, "step", flaky)
+        episodes = r.sample(num_timesteps=10)
+        assert len(calls) > 3  # it went on after the failure, on a new env
+        # The steps before the failure are dropped with their episodes: fresh episodes only.
+        assert all(e.t_started == 0 for e in episodes)
+        assert sum(len(e) for e in episodes) >= 10
+        assert r.get_metrics()["num_env_step_failures"].peek() == 1
+    finally:
+        r.stop()
