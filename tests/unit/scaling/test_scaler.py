@@ -299,3 +299,33 @@ def test_restore_into_a_shared_scale_continues_at_the_smallest_saved_scale():
     restore_scaler_state({"p0": a, "p1": b}, {AMP_STATE_KEY: saved}, amp_enabled=True, full=True)
     assert a.get_scale() == b.get_scale() == 2.0**6 and a.growth_tracker == 3
     assert (a.skipped_steps_lifetime, b.skipped_steps_lifetime) == (1, 9)  # each its own
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_the_finite_check_finds_any_bad_value_and_leaves_the_gradients_as_they_are(bad):
+    from rllib_amp.scaling.scaler import grads_are_finite
+
+    params = [nn.Parameter(torch.zeros(3, 5)), nn.Parameter(torch.zeros(7, dtype=torch.float64))]
+    opt = torch.optim.SGD(params, lr=0.1)
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e30
+    kept = [p.grad.clone() for p in params]
+    assert grads_are_finite([opt])
+    assert all(torch.equal(p.grad, k) for p, k in zip(params, kept, strict=True))
+    params[1].grad[4] = bad  # in the second dtype group, last tensor
+    assert not grads_are_finite([opt])
+    params[1].grad[4] = 0.0
+    params[0].grad = params[0].grad.to_sparse()
+    assert grads_are_finite([opt])
+    params[0].grad = torch.sparse_coo_tensor([[1], [2]], [bad], (3, 5), check_invariants=True)
+    assert not grads_are_finite([opt])
+
+
+def test_a_float16_step_follows_what_the_grad_scalers_unscale_recorded():
+    net, opt = _setup()
+    scaler = PolicyScaler(AmpSettings(init_scale=4.0), "cpu", scaling=True)
+    stepped = []
+    opt.step = lambda *a, **k: stepped.append(True)  # the step is a plain optimizer step
+    assert not _step(scaler, net, opt, _finite_loss) and stepped == [True]
+    assert _step(scaler, net, opt, _inf_loss) and stepped == [True]
+    assert scaler.get_scale() == 2.0  # the GradScaler backed off once, from its own record
