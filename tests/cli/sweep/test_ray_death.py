@@ -6,6 +6,7 @@ hang), and that command finishes the sweep with what was saved."""
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import shlex
 import shutil
@@ -27,10 +28,10 @@ ENDS_WITHIN_S = 150
 
 
 def _psutil():
-    import ray  # noqa: F401 - puts Ray's own copy of psutil (ray/thirdparty_files) on the path
-    import psutil
+    """Ray's own copy of psutil (ray/thirdparty_files, on the path once ray is imported)."""
+    import ray  # noqa: F401
 
-    return psutil
+    return importlib.import_module("psutil")
 
 
 def _wait_for_a_result(folder, proc, trial_results, timeout=FIRST_RESULT_S):
@@ -123,10 +124,10 @@ def _resume_finishes(line, tmp_path, name, address):
     "kind",
     [
         # One sweep on its own Ray, its kill and a resume on the session's Ray: the one
-        # proof of the point in the default run (see the report for its duration).
+        # proof of the point in the default run (53 s on 2 cores shared with other runs).
         "raylet",
         # The GCS gone: the driver is stuck in calls to it, and the watch ends the command
-        # after its grace period (about 40 s more).
+        # after its grace period (40 s after the kill; 103 s in all).
         pytest.param("gcs_server", marks=pytest.mark.slow),
     ],
 )
