@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -181,21 +182,52 @@ def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -
     """
     timeout = remote_timeout_s() if timeout_s is None else timeout_s
     box: dict[str, Any] = {}
+    # An Event, not Thread.join: a join interrupted by Ctrl-C marks a running thread as
+    # stopped (Python 3.11), and whether the call still runs is what matters at exit.
+    done = threading.Event()
 
     def run() -> None:
         try:
             box["value"] = call()
         except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
             box["error"] = e
+        finally:
+            done.set()
 
     thread = threading.Thread(target=run, name=f"rllib-amp access to {where}", daemon=True)
     thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    try:
+        finished = done.wait(timeout)
+    except KeyboardInterrupt:
+        _exit_without_waiting_for(done, EXIT_INTERRUPTED)
+        raise
+    if not finished:
         raise RemoteTimeout(f"no answer from {where} within {timeout:g} s")
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
+
+
+# What the shells report for a command ended by Ctrl-C (as rllib_amp.cli says).
+EXIT_INTERRUPTED = 130
+
+
+def _exit_without_waiting_for(done: threading.Event, status: int) -> None:
+    """At interpreter exit, ends the process at once with ``status`` if a remote call is
+    still running (``done`` not set): pyarrow's exit handler would otherwise wait for that call to
+    give up (minutes, with a long remote timeout) after the user pressed Ctrl-C. Registered
+    last, so it runs before pyarrow's own handler; output is flushed first."""
+    import atexit
+    import sys
+
+    def end_now() -> None:
+        if not done.is_set():
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(status)
+
+    atexit.register(end_now)
 
 
 def probe(location: str, timeout_s: float | None = None) -> None:

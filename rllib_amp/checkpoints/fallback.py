@@ -32,8 +32,8 @@ from typing import Any
 
 import pyarrow.fs
 
-from rllib_amp.checkpoint_files import CheckpointError, verify_checkpoint
-from rllib_amp.fs import checkpoint_folders, display_path, is_dir, read_bytes, resolve
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, verify_checkpoint
+from rllib_amp.fs import checkpoint_folders, display_path, is_dir, is_file, read_bytes, resolve
 from rllib_amp.log_events import event
 
 logger = logging.getLogger(__name__)
@@ -115,9 +115,12 @@ def newest_intact_checkpoint(
         raise FileNotFoundError(f"{display_path(fs, root)}: no such trial folder")
     damaged: list[tuple[str, CheckpointError]] = []
     intact = None
-    for folder in checkpoint_folders(fs, root):
+    folders = checkpoint_folders(fs, root)
+    for i, folder in enumerate(folders):
         try:
-            verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False)
+            verified = verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False)
+            if verified is not None and verified.manifest is None:
+                _check_not_cut_off(fs, folder, folders[i + 1 :])
         except CheckpointError as e:
             damaged.append((folder, e))
             continue
@@ -135,6 +138,28 @@ def newest_intact_checkpoint(
         for folder, e in damaged
     )
     return CheckpointChoice(display_path(fs, root), intact, skipped)
+
+
+def _check_not_cut_off(fs: Any, folder: str, older: list[str]) -> None:
+    """CheckpointError for a checkpoint without a manifest in a trial whose older
+    checkpoints have one: rllib-amp writes the manifest into every checkpoint before Tune
+    uploads it, so this upload was cut off (a full disk, a killed process) and files that
+    parse may still be missing."""
+    manifest = MANIFEST_FILE_NAME
+    witness = next((o for o in older if is_file(fs, posixpath.join(o, manifest))), None)
+    if witness is None:
+        return
+    problem = (
+        f"is missing while the trial's older {posixpath.basename(witness)} has one: the "
+        f"checkpoint's save or upload was cut off (a full disk, a killed process)"
+    )
+    shown = display_path(fs, posixpath.join(folder, manifest))
+    raise CheckpointError(
+        f"{shown}: checkpoint file {problem}; nothing was restored. Restore from another "
+        f"checkpoint.",
+        path=shown,
+        problem=problem,
+    )
 
 
 def _move_aside(fs: Any, folder: str) -> str:

@@ -81,3 +81,42 @@ def moto_s3(bucket: str = "rllib-amp-test") -> Iterator[S3]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def closed_port() -> int:
+    """A 127.0.0.1 port nothing listens on (bound once, then released): connections to it
+    are refused at once."""
+    return _free_port()
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[tuple[int, Any]]:
+    """A 127.0.0.1 server that accepts connections and never answers: ``(port, accepted)``,
+    ``accepted`` a threading.Event set at the first connection. Closed at exit."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.2)
+    accepted, done, held = threading.Event(), threading.Event(), []
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:  # the accept timeout: look at ``done`` again
+                continue
+            held.append(conn)
+            accepted.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], accepted
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        for conn in held:
+            conn.close()
+        server.close()

@@ -64,3 +64,92 @@ def test_write_then_read_bytes_makes_the_folder(tmp_path):
     local, path = fs.resolve(tmp_path / "deep" / "er" / "f.bin")
     fs.write_bytes(local, path, b"\x00\x01")
     assert fs.read_bytes(local, path) == b"\x00\x01"
+
+
+@pytest.mark.parametrize(
+    "location, parts, joined",
+    [
+        ("/runs", ("a", "b.json"), "/runs/a/b.json"),
+        ("s3://b/exp", ("t", "checkpoint_000001"), "s3://b/exp/t/checkpoint_000001"),
+        (
+            "s3://b/exp/ck?endpoint_override=127.0.0.1:9000&scheme=http",
+            ("learner_group/learner", "state.pkl"),
+            "s3://b/exp/ck/learner_group/learner/state.pkl?endpoint_override=127.0.0.1:9000"
+            "&scheme=http",
+        ),
+        ("gs://b?endpoint_override=h:1", ("x",), "gs://b/x?endpoint_override=h:1"),
+    ],
+)
+def test_join_puts_the_parts_before_a_uris_query(location, parts, joined):
+    assert fs.join(location, *parts) == joined
+    assert storage.join(location, *parts) == joined  # one rule: storage asks fs
+
+
+def test_remote_timeout_comes_from_the_environment_and_bad_values_name_it():
+    assert fs.remote_timeout_s({}) == fs.DEFAULT_REMOTE_TIMEOUT_S
+    assert fs.remote_timeout_s({fs.REMOTE_TIMEOUT_ENV: "2.5"}) == 2.5
+    for bad in ("0", "-1", "inf", "soon"):
+        with pytest.raises(ValueError, match=rf"^{fs.REMOTE_TIMEOUT_ENV}: got '{bad}'"):
+            fs.remote_timeout_s({fs.REMOTE_TIMEOUT_ENV: bad})
+
+
+def _no_cloud_credentials_lookup(monkeypatch, port):
+    """Credentials that never leave 127.0.0.1: dummy AWS keys, no EC2 metadata, GCE's
+    metadata server at a closed local port."""
+    from tests.cluster.s3 import ENV
+
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{port}")
+    monkeypatch.setenv("GCE_METADATA_ROOT", f"127.0.0.1:{port}")
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+
+
+def test_s3_and_gcs_filesystems_get_the_remote_timeout(monkeypatch):
+    from tests.cluster.s3 import closed_port
+
+    port = closed_port()
+    _no_cloud_credentials_lookup(monkeypatch, port)
+    monkeypatch.setenv(fs.REMOTE_TIMEOUT_ENV, "9")
+    s3, _ = fs.resolve(f"s3://b/x?endpoint_override=127.0.0.1:{port}&scheme=http")
+    options = s3.__reduce__()[1][0]
+    assert options["connect_timeout"] == options["request_timeout"] == 3.0
+    assert options["endpoint_override"] == f"127.0.0.1:{port}"  # the URI's own options kept
+    gcs, path = fs.resolve(f"gs://b/x?endpoint_override=127.0.0.1:{port}&scheme=http")
+    assert path == "b/x" and gcs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == 9
+    # A limit in the URI wins.
+    gcs, _ = fs.resolve(f"gs://b/x?endpoint_override=127.0.0.1:{port}&retry_limit_seconds=4")
+    assert gcs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == 4
+
+
+def test_probe_gives_up_on_a_remote_that_never_answers_and_reports_a_refusal(monkeypatch):
+    import time
+
+    from tests.cluster.s3 import closed_port, silent_listener
+
+    port = closed_port()
+    _no_cloud_credentials_lookup(monkeypatch, port)
+    with pytest.raises(OSError, match="Could not connect|connect"):
+        fs.probe(f"s3://b/x?endpoint_override=127.0.0.1:{port}&scheme=http", timeout_s=60)
+    # The abandoned request ends on the filesystem's own timeouts (1 s a try) soon after.
+    monkeypatch.setenv(fs.REMOTE_TIMEOUT_ENV, "3")
+    with silent_listener() as (silent, accepted):
+        start = time.monotonic()
+        uri = f"s3://b/x?endpoint_override=127.0.0.1:{silent}&scheme=http"
+        with pytest.raises(fs.RemoteTimeout, match=r"^no answer from s3://b/x\?.* within 1 s$"):
+            fs.probe(uri, timeout_s=1)
+        assert accepted.is_set()  # it did reach the listener, which never answered
+        assert time.monotonic() - start < 30
+    fs.probe("/no/such/local/folder", timeout_s=1)  # local paths: nothing to reach
+
+
+def test_bounded_returns_raises_or_times_out():
+    import threading
+
+    assert fs.bounded(lambda: 7, "x", timeout_s=5) == 7
+    with pytest.raises(KeyError):
+        fs.bounded(lambda: {}["k"], "x", timeout_s=5)
+    release = threading.Event()
+    with pytest.raises(fs.RemoteTimeout, match="^no answer from s3://far within 0.2 s$"):
+        fs.bounded(lambda: release.wait(30), "s3://far", timeout_s=0.2)
+    release.set()

@@ -274,3 +274,24 @@ def test_restart_damaged_starts_a_trial_without_an_intact_checkpoint_again(tmp_p
         f"checkpoint_{i:06d}.damaged" for i in range(3)
     ]
     assert [r.getMessage() for r in caplog.records if "from scratch" in r.getMessage()]
+
+
+def test_a_checkpoint_cut_off_before_its_manifest_is_never_the_newest_intact(tmp_path):
+    # A full disk stopped the upload of checkpoint_000002 after some of its files: those
+    # parse, but the manifest (and the weights) never arrived.
+    trial = _trial(tmp_path / "trial", n=2)
+    cut = trial / "checkpoint_000002"
+    cut.mkdir()
+    with open(cut / "algorithm_state.pkl", "wb") as f:
+        pickle.dump({"training_iteration": 3}, f)
+    choice = newest_intact_checkpoint(trial, move_damaged=True)
+    assert choice.intact == str(trial / "checkpoint_000001")
+    (damaged,) = choice.damaged
+    assert damaged.path == str(cut) and "cut off" in damaged.reason
+    assert damaged.moved_to == str(trial / "checkpoint_000002.damaged")
+    # A trial that never had manifests (stock RLlib) keeps its checkpoints as they are.
+    plain = tmp_path / "plain" / "checkpoint_000000"
+    plain.mkdir(parents=True)
+    with open(plain / "algorithm_state.pkl", "wb") as f:
+        pickle.dump({"training_iteration": 1}, f)
+    assert newest_intact_checkpoint(tmp_path / "plain").intact == str(plain)

@@ -96,3 +96,92 @@ def test_s3_write_read_through_the_uri_on_a_real_s3_server():
         assert s3.list("exp") == [f"{s3.bucket}/exp/name", f"{s3.bucket}/exp/name/results.parquet"]
         assert S.read_bytes(S.join(uri, "name", "results.parquet")) == b"rows"
         assert S.exists(S.join(uri, "name")) and not S.exists(S.join(uri, "other"))
+
+
+def test_unreachable_storage_is_one_line_and_asked_once(monkeypatch):
+    import time
+
+    from tests.cluster.s3 import ENV, closed_port
+
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    uri = f"s3://bucket/exp?endpoint_override=127.0.0.1:{closed_port()}&scheme=http"
+    with pytest.raises(S.StorageError) as e:
+        S.check_reachable(uri)
+    line = str(e.value)
+    assert line.startswith(f"--storage-path: cannot reach {uri} (") and "\n" not in line
+    assert "Could not connect" in line and "pass another --storage-path" in line
+    # Every later access to that endpoint says the same at once, not after another timeout.
+    start = time.monotonic()
+    for call in (S.exists, S.read_bytes, S.check_writable):
+        with pytest.raises(S.StorageError, match="cannot reach"):
+            call(S.join(uri, "name"))
+    assert time.monotonic() - start < 5
+    S.check_reachable("/no/such/local/folder")  # local: nothing to reach
+
+
+def _keep_files_whole(monkeypatch):
+    """keep_files_whole for one test: Tune's copy function comes back after it."""
+    from ray.train._internal import storage as train_storage
+
+    monkeypatch.setattr(
+        train_storage, "_pyarrow_fs_copy_files", train_storage._pyarrow_fs_copy_files
+    )
+    S.keep_files_whole()
+    S.keep_files_whole()  # idempotent: one wrapper
+    return train_storage
+
+
+def test_tune_uploads_to_local_storage_replace_files_whole_or_not_at_all(tmp_path, monkeypatch):
+    import shutil
+
+    import pyarrow.fs
+
+    train_storage = _keep_files_whole(monkeypatch)
+    staging, store = tmp_path / "staging", tmp_path / "store"
+    (staging / "trial").mkdir(parents=True)
+    (staging / "experiment_state.json").write_text('{"rows": 2}')
+    (staging / "trial" / "result.json").write_text("row1\nrow2\n")
+    (staging / "trial" / "skip.tmp").write_text("excluded")
+    local = pyarrow.fs.LocalFileSystem()
+    # Tune's two upload paths: a whole folder, and one with exclude patterns (fsspec).
+    train_storage._upload_to_fs_path(str(staging), local, str(store))
+    assert (store / "trial" / "result.json").read_text() == "row1\nrow2\n"
+    train_storage._upload_to_fs_path(str(staging), local, str(store / "x"), exclude=["*.tmp"])
+    assert (store / "x" / "trial" / "result.json").is_file()
+    assert not (store / "x" / "trial" / "skip.tmp").exists()
+
+    # The disk fills up half-way through the next upload of a longer file.
+    (staging / "trial" / "result.json").write_text("row1\nrow2\nrow3\n")
+
+    def full_disk(source, target, length=0):
+        target.write(source.read(3))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfileobj", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        train_storage._upload_to_fs_path(str(staging / "trial"), local, str(store / "trial"))
+    assert (store / "trial" / "result.json").read_text() == "row1\nrow2\n"  # the whole old one
+    assert not [p for p in store.rglob("*") if p.name.endswith(S.PARTIAL_SUFFIX)]
+
+
+def test_the_summary_names_a_storage_error_once(tmp_path):
+    from rllib_amp.sweep.summary import storage_fault
+
+    rows = [
+        {"trial_id": "a_00000", "error": "OSError: [Errno 28] No space left on device"},
+        {"trial_id": "a_00001", "error": "OSError: [Errno 28] No space left on device"},
+        {"trial_id": "a_00002", "error": "ValueError: the trial's own fault"},
+        {"trial_id": "a_00003", "error": None},
+    ]
+    line = storage_fault(str(tmp_path), rows)
+    assert line is not None and "\n" not in line
+    assert line.startswith(f"the storage at {tmp_path} is full (ENOSPC): OSError: [Errno 28]")
+    assert line.endswith("trial(s) a_00000, a_00001 stopped on it")
+    assert storage_fault(str(tmp_path), rows[2:]) is None  # no storage error: nothing said
+    # Storage that refuses a write now is named even when no trial saw it.
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the experiment folder should be")
+    line = storage_fault(str(blocked), rows[2:])
+    assert line is not None and line.startswith(f"the storage at {blocked} failed: ")
+    assert os.listdir(tmp_path) == ["file"]  # the check leaves nothing behind

@@ -1,0 +1,288 @@
+"""`python -m rllib_amp.tune` when the storage fails: a remote that is down or never answers
+before the first trial (one line, exit 2, bounded time, Ctrl-C works), and a disk that fills
+up mid-run (one line naming it and the --resume command; the resume loses nothing).
+
+Every remote is on 127.0.0.1: a closed port, or a listener that accepts and never answers.
+The full disk is a tmpfs of a few MB in a mount namespace of its own; the session's Ray
+writes to it through ``/proc/<pid>/root`` of a process inside that namespace.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, verify_checkpoint
+from tests.cluster.s3 import ENV, closed_port, silent_listener
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+PROG = "python -m rllib_amp.tune: error: "
+# Short remote timeouts for these tests; bounds below are generous multiples of them.
+TIMEOUT_S = 3
+WARM = """
+algorithm: PPO
+env: CartPole-v1
+model: {{fcnet_hiddens: [16]}}
+amp: {{dtype: float16, warm_start: {{from: "{source}"}}}}
+training: {{train_batch_size_per_learner: 200, minibatch_size: 100, num_epochs: 1}}
+resources: {{num_env_runners: 0}}
+stop: {{training_iteration: 1}}
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The CLI's environment: dummy AWS keys and no cloud metadata lookups (EC2's and GCE's
+    metadata servers would be off this machine), short remote timeouts."""
+    env = dict(os.environ, **ENV, PYTHONPATH=ROOT)
+    env["RLLIB_AMP_REMOTE_TIMEOUT_S"] = str(TIMEOUT_S)
+    env["GCE_METADATA_HOST"] = env["GCE_METADATA_ROOT"] = f"127.0.0.1:{closed_port()}"
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    env.update(extra)
+    return env
+
+
+def _cli(*args: str, wrap: tuple[str, ...] = ()) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*wrap, sys.executable, "-m", "rllib_amp.tune", *args],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _no_network() -> tuple[str, ...]:
+    """A prefix that runs a command in a network namespace with only its own loopback up, or
+    () where the OS refuses one: a gs:// client that looks past its endpoint finds nothing."""
+    probe = ["unshare", "-n", "sh", "-c", "ip link set lo up"]
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return ("unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh") if ok else ()
+
+
+def _one_error_line(proc: subprocess.Popen, started: float, label: str) -> str:
+    out, err = proc.communicate(timeout=300)
+    took = time.monotonic() - started
+    assert proc.returncode == 2, f"{label}: exit {proc.returncode}\n{out[-2000:]}{err[-3000:]}"
+    assert "Traceback" not in err, f"{label}: {err[-3000:]}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(PROG), f"{label}: {err[-3000:]}"
+    # Bounded: imports and one remote timeout, far from the minutes it took before.
+    assert took < 150, f"{label}: {took:.0f} s"
+    return lines[0]
+
+
+def _unreachable(tmp_path, labels: tuple[str, ...]) -> None:
+    """Runs the CLI for each case at once, then reads each answer: one line, exit 2, bounded
+    time. Cases: warm-start sources (s3 closed and silent, gs, hdfs) and resume storage (s3
+    closed and silent)."""
+    refused = closed_port()
+    with silent_listener() as (silent, accepted):
+        s3 = {
+            "closed": f"s3://b/run/ck?endpoint_override=127.0.0.1:{refused}&scheme=http",
+            "silent": f"s3://b/run/ck?endpoint_override=127.0.0.1:{silent}&scheme=http",
+        }
+        warm = {
+            "warm s3 closed": s3["closed"],
+            "warm s3 silent": s3["silent"],
+            "warm gs": f"gs://b/run/ck?endpoint_override=127.0.0.1:{refused}&scheme=http",
+            "warm hdfs": f"hdfs://127.0.0.1:{refused}/run/ck",
+        }
+        tiny = tmp_path / "tiny.yaml"
+        tiny.write_text(textwrap.dedent(FULL_DISK))
+        cases = {}
+        for label in labels:
+            if label in warm:
+                config = tmp_path / f"{label.replace(' ', '_')}.yaml"
+                config.write_text(textwrap.dedent(WARM.format(source=warm[label])))
+                wrap = _no_network() if label == "warm gs" else ()
+                # --dry-run: Ray never starts even if the check let it through.
+                proc = _cli("--config", str(config), "--dry-run", wrap=wrap)
+                cases[label] = (warm[label], proc)
+            else:
+                storage = s3[label.rsplit(" ", 1)[1]].replace("/ck?", "?")
+                proc = _cli("--config", str(tiny), "--storage-path", storage, "--name", "x",
+                            "--resume")  # fmt: skip
+                cases[label] = (storage, proc)
+        started = time.monotonic()
+        lines = {label: _one_error_line(p, started, label) for label, (_, p) in cases.items()}
+        if any("silent" in label for label in labels):
+            assert accepted.is_set()  # the silent cases did reach the listener
+    for label, line in lines.items():
+        where = cases[label][0]
+        if label.startswith("warm"):
+            assert "amp.warm_start.from: cannot read " in line and repr(where) in line, line
+            assert "drop warm_start" in line, line
+        else:
+            assert f"--storage-path: cannot reach {where} (" in line, line
+        if "silent" in label:
+            assert f"no answer from {where} within {TIMEOUT_S} s" in line, line
+        if "s3 closed" in label:
+            assert "Could not connect" in line, line
+
+
+def test_unreachable_remotes_before_any_trial_are_one_line_and_exit_2(tmp_path):
+    # One of each kind: a source that never answers, gs:// (which hung), a resume whose
+    # storage refuses connections.
+    _unreachable(tmp_path, ("warm s3 silent", "warm gs", "resume s3 closed"))
+
+
+@pytest.mark.slow  # three more CLI starts, each loading RLlib: 30-60 s on 2 shared cores
+def test_more_unreachable_remotes_before_any_trial_are_one_line_and_exit_2(tmp_path):
+    _unreachable(tmp_path, ("warm s3 closed", "warm hdfs", "resume s3 silent"))
+
+
+def test_ctrl_c_while_a_remote_never_answers_is_exit_130(tmp_path):
+    with silent_listener() as (port, accepted):
+        source = f"s3://b/run/ck?endpoint_override=127.0.0.1:{port}&scheme=http"
+        config = tmp_path / "warm.yaml"
+        config.write_text(textwrap.dedent(WARM.format(source=source)))
+        env = _env(RLLIB_AMP_REMOTE_TIMEOUT_S="600")  # only Ctrl-C ends this wait
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rllib_amp.tune", "--config", str(config), "--dry-run"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert accepted.wait(timeout=240), proc.poll()
+        time.sleep(0.5)  # inside the wait now
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    # Within the S3 client's own give-up time (a third of 600 s a try) by far.
+    assert time.monotonic() - sent < 60
+
+
+# -- a disk that fills up mid-run --------------------------------------------------------------
+FULL_DISK = """
+algorithm: PPO
+env: CartPole-v1
+model: {fcnet_hiddens: [16]}
+amp: {dtype: float16}
+training: {train_batch_size_per_learner: 200, minibatch_size: 100, num_epochs: 1}
+resources: {num_env_runners: 0}
+tune: {max_concurrent_trials: 1, max_failures: 0}
+stop: {training_iteration: 6}
+checkpoint: {frequency: 1}
+seed: 0
+"""
+
+
+@pytest.fixture
+def private_tmpfs(tmp_path):
+    """A 8 MB tmpfs in a mount namespace of its own, held by a sleeping process: yields the
+    folder as every process sees it (``/proc/<pid>/root/...``). Skips where the OS refuses."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    script = 'mount -t tmpfs -o size=8M none "$1" && echo mounted && exec sleep 3600'
+    try:
+        holder = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(folder)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    except OSError as e:
+        pytest.skip(f"no private mount namespace here: {e}")
+    assert holder.stdout is not None
+    if holder.stdout.readline().strip() != "mounted":
+        holder.wait(timeout=30)
+        pytest.skip(f"no private tmpfs here: {holder.stderr.read().strip()}")
+    try:
+        yield f"/proc/{holder.pid}/root{folder}"
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def _fill(disk: str) -> str:
+    """Writes a file into ``disk`` until it is full; returns its path."""
+    filler = os.path.join(disk, "filler")
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == 28, e
+    return filler
+
+
+def _intact(checkpoint: str) -> bool:
+    try:
+        verify_checkpoint(checkpoint, announce_missing_manifest=False)
+    except CheckpointError:
+        return False
+    return os.path.isfile(os.path.join(checkpoint, MANIFEST_FILE_NAME))
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
+    private_tmpfs, tmp_path, session_sweep, trial_results
+):
+    config = tmp_path / "full.yaml"
+    config.write_text(textwrap.dedent(FULL_DISK))
+    cmd = session_sweep(config, private_tmpfs, "full")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pattern = os.path.join(private_tmpfs, "full", "*", "result.json")
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        found = glob.glob(pattern)
+        if found and len(trial_results(found[0])) >= 2:
+            break
+        time.sleep(0.05)
+    filler = _fill(private_tmpfs)
+    out, err = proc.communicate(timeout=600)
+
+    # 1. One line at the end names the full disk, the path and the --resume command.
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("python -m rllib_amp.tune: the storage at "), err[-3000:]
+    assert f"{private_tmpfs}/full is full (ENOSPC)" in last and "No space left" in last, last
+    resume = last.split("continue with: ", 1)[1]
+    assert resume.endswith("--resume") and private_tmpfs in resume, last
+    assert err.count("is full (ENOSPC)") == 1
+    (trial,) = glob.glob(os.path.join(private_tmpfs, "full", "*", ""))
+    rows_before = trial_results(os.path.join(trial, "result.json"))
+    assert rows_before and rows_before[-1]["training_iteration"] < 6
+    before = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))
+    whole = [c for c in before if _intact(c)]
+    assert whole, before
+    with open(glob.glob(os.path.join(private_tmpfs, "full", "experiment_state-*.json"))[0]) as f:
+        json.load(f)  # whole, not cut off mid-write
+
+    # 2. Space freed: the printed command resumes and finishes, nothing lost.
+    os.remove(filler)
+    words = shlex.split(resume)
+    assert words[:3] == ["python", "-m", "rllib_amp.tune"], resume
+    resumed = subprocess.run(
+        [sys.executable, *words[1:]], capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    rows = trial_results(os.path.join(trial, "result.json"))
+    assert rows[: len(rows_before)] == rows_before  # every row written before the fault
+    assert rows[-1]["training_iteration"] == 6 and rows[-1]["done"]
+    for checkpoint in whole:  # every whole checkpoint written before the fault
+        assert os.path.isdir(checkpoint) and _intact(checkpoint), checkpoint
+    # The trial went on from the newest whole checkpoint, never from a cut-off one: those
+    # are kept aside, and every checkpoint left under its own name is whole.
+    restored = next(r for r in rows[len(rows_before) :] if r["iterations_since_restore"] == 1)
+    newest_whole = int(whole[-1].rsplit("_", 1)[1])
+    assert restored["training_iteration"] == newest_whole + 2  # index 0 = iteration 1
+    for checkpoint in glob.glob(os.path.join(trial, "checkpoint_*")):
+        assert checkpoint.endswith(".damaged") or _intact(checkpoint), checkpoint
+    cut = [c for c in before if c not in whole]
+    for checkpoint in cut:
+        assert os.path.isdir(checkpoint + ".damaged"), checkpoint
+    shutil.rmtree(os.path.join(private_tmpfs, "full"))  # the tmpfs goes with its holder
