@@ -11,7 +11,15 @@ whole checkpoint is read first, and a restore goes ahead only when every file:
   (``rllib_amp_manifest.json``, written last by ``write_manifest``);
 - parses (pickle, msgpack, json), so truncated or overwritten files are caught without one;
 - holds finite module weights and optimizer state (the ``rl_module`` and ``optimizer``
-  parts of a state, and ``module_state`` files): a run that diverged saved garbage.
+  parts of a state, and ``module_state`` files) and a finite, positive loss scale: a run that
+  diverged saved garbage.
+
+Before any file is read: a symbolic link that leads out of the checkpoint folder is refused
+(the check would read, and RLlib load, whatever it points to), and so is a state file that
+RLlib's restore reads but that is missing: each component folder's own state file, and those
+the caller names (``required``, from ``rllib_restore_files``). A file the manifest does not
+list is refused when RLlib reads it (it was put there after the save) and named in one
+WARNING otherwise.
 
 Checkpoints without a manifest (stock RLlib, older rllib-amp) are still read and checked, with
 one INFO line. Paths are local folders or pyarrow URIs (``s3://``, ``gs://``, ``file://``).
@@ -33,9 +41,10 @@ import hashlib
 import json
 import logging
 import math
+import os
 import posixpath
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -46,7 +55,9 @@ from rllib_amp.fs import (
     STATE_FORMATS,
     decode,
     display_path,
+    exists,
     is_dir,
+    is_file,
     list_files,
     read_bytes,
     resolve,
@@ -68,6 +79,17 @@ _MODULE_STATE_STEM = "module_state"
 # The state files RLlib's restore_from_path loads (Checkpointable.STATE_FILE_NAME, Algorithm's
 # and RLModule's); other pickles (class_and_ctor_args) are read by from_checkpoint at most.
 _RESTORED_STEMS = ("state", "algorithm_state", _MODULE_STATE_STEM)
+# The endings RLlib's state files have (Checkpointable.restore_from_path: msgpack if present).
+_STATE_ENDINGS = (".msgpack", ".pkl")
+# Files RLlib writes into every component folder next to its state file
+# (Checkpointable.METADATA_FILE_NAME, CLASS_AND_CTOR_ARGS_FILE_NAME): they mark the folder as
+# one RLlib's restore descends into.
+_COMPONENT_MARKERS = ("metadata.json", "class_and_ctor_args.pkl")
+# Other files RLlib reads: Algorithm.from_checkpoint's class file and checkpoint info.
+_READ_BY_FROM_CHECKPOINT = ("class_and_ctor_args.pkl", "rllib_checkpoint.json")
+# The scalers' state inside a learner state (rllib_amp.scaling.state.AMP_STATE_KEY, a layer
+# above this one): its loss scale must be finite and positive.
+_AMP_STATE_KEY = "amp_scalers"
 
 
 class CheckpointError(ValueError):
@@ -123,15 +145,21 @@ def verify_checkpoint(
     filesystem: pyarrow.fs.FileSystem | None = None,
     announce_missing_manifest: bool = True,
     for_rllib: bool = True,
+    required: Iterable[str] = (),
 ) -> VerifiedCheckpoint | None:
     """Reads every file of a checkpoint folder; CheckpointError names the first damaged one.
 
-    Checks sizes and checksums against the checkpoint's manifest (its own, or the one of the
-    algorithm checkpoint it is part of), parses every state file, and rejects non-finite
-    module weights or optimizer state. Without a manifest, logs one INFO line unless
-    ``announce_missing_manifest`` is False. ``for_rllib=False`` (a warm start, which reads
-    only plain numbers) accepts msgpack files where msgpack_numpy, which RLlib's own restore
-    needs, is not installed. Returns None, doing nothing, when ``path`` is no
+    Refuses symbolic links that lead out of the folder and missing state files (each
+    component folder's own, and ``required``: paths relative to ``path``, such as
+    ``rllib_restore_files`` lists) before reading anything. Checks sizes and checksums
+    against the checkpoint's manifest (its own, or the one of the algorithm checkpoint it is
+    part of), refuses state files it does not list and warns of other unlisted files, parses
+    every state file, and rejects non-finite module weights, optimizer state or loss scales.
+    Without a manifest, logs one INFO line unless ``announce_missing_manifest`` is False.
+    ``for_rllib=False`` (a warm start, which reads only plain numbers and checks the scaler
+    state itself) accepts msgpack files where msgpack_numpy, which RLlib's own restore
+    needs, is not installed, component folders without their state file, and leaves the
+    loss scales to the caller. Returns None, doing nothing, when ``path`` is no
     folder: RLlib then reports the missing checkpoint itself.
 
     Example:
@@ -141,9 +169,11 @@ def verify_checkpoint(
     fs, root = resolve(path, filesystem)
     if not is_dir(fs, root):
         return None
+    required = tuple(required)
+    _refuse_links_out_of(fs, root)
     files = list_files(fs, root)
-    manifest_path, expected = _find_manifest(fs, root, files)
     present = set(files)
+    manifest_path, expected = _find_manifest(fs, root, files)
     for rel in expected:
         if rel not in present:
             _fail(
@@ -152,6 +182,16 @@ def verify_checkpoint(
                 f"is listed in the manifest {display_path(fs, manifest_path or '')} but "
                 f"missing (an interrupted save or copy)",
             )
+    for rel in (*required, *(_component_state_files(fs, root, files) if for_rllib else ())):
+        if rel not in present:
+            _fail(
+                fs,
+                posixpath.join(root, rel),
+                "is missing, and RLlib's restore reads it (an interrupted save or copy, or "
+                "a file removed since)",
+            )
+    if manifest_path is not None:
+        _check_unlisted(fs, root, files, expected, manifest_path, required=set(required))
     checked = 0
     for rel in files:
         full = posixpath.join(root, rel)
@@ -176,6 +216,149 @@ def verify_checkpoint(
         checked,
         display_path(fs, manifest_path) if manifest_path else None,
     )
+
+
+def rllib_restore_files(checkpointable: Any, path: Any, *, filesystem: Any = None) -> list[str]:
+    """The state files ``checkpointable.restore_from_path(path)`` reads, relative to ``path``.
+
+    Follows RLlib 2.60's ``Checkpointable.restore_from_path``: for each of the object's
+    checkpointable components whose folder exists (RLlib skips the others), that component's
+    files, then the object's own state file (``.msgpack`` if there is one, else ``.pkl``).
+    A component that lives on remote actors (a learner group's learners) is read on their
+    nodes: inside its folder, every folder holding RLlib's component files needs a state file.
+    A file listed here may be missing: that is what the caller checks.
+
+    Example:
+        >>> rllib_restore_files(None, "/no/such/checkpoint")
+        []
+    """
+    fs, root = resolve(path, filesystem)
+    if checkpointable is None or not is_dir(fs, root):
+        return []
+    return _restore_files(checkpointable, fs, root, "")
+
+
+def _restore_files(obj: Any, fs: Any, root: str, prefix: str) -> list[str]:
+    from ray.rllib.utils.actor_manager import FaultTolerantActorManager
+
+    out: list[str] = []
+    for name, component in obj.get_checkpointable_components():
+        rel = posixpath.join(prefix, name) if prefix else name
+        folder = posixpath.join(root, rel)
+        if not exists(fs, folder):
+            continue
+        if isinstance(component, FaultTolerantActorManager):
+            inside = _component_state_files(fs, folder, list_files(fs, folder))
+            out += [posixpath.join(rel, f) for f in inside]
+        else:
+            out += _restore_files(component, fs, root, rel)
+    stem = posixpath.join(prefix, obj.STATE_FILE_NAME)
+    msgpack = f"{stem}.msgpack"
+    out.append(msgpack if is_file(fs, posixpath.join(root, msgpack)) else f"{stem}.pkl")
+    return out
+
+
+def _component_state_files(fs: Any, root: str, files: list[str]) -> list[str]:
+    """For each folder among ``files`` (relative to ``root``) that holds RLlib's component
+    files, its state file: the one present, else the one its metadata.json names."""
+    by_folder: dict[str, set[str]] = {}
+    for rel in files:
+        folder, name = posixpath.split(rel)
+        by_folder.setdefault(folder, set()).add(name)
+    out = []
+    for folder, names in sorted(by_folder.items()):
+        if not any(marker in names for marker in _COMPONENT_MARKERS):
+            continue
+        states = [
+            n
+            for n in sorted(names)
+            if posixpath.splitext(n)[0] in _RESTORED_STEMS
+            and posixpath.splitext(n)[1] in _STATE_ENDINGS
+        ]
+        name = states[0] if states else f"{_state_stem(fs, root, folder, names)}.pkl"
+        out.append(posixpath.join(folder, name))
+    return out
+
+
+def _state_stem(fs: Any, root: str, folder: str, names: set[str]) -> str:
+    """The state file stem RLlib's metadata.json in ``folder`` names; "state" without one."""
+    if _COMPONENT_MARKERS[0] in names:
+        path = posixpath.join(root, folder, _COMPONENT_MARKERS[0])
+        try:
+            stem = decode(path, read_bytes(fs, path)).get("state_file")
+        except Exception:  # a damaged metadata.json: named when it is read
+            stem = None
+        if isinstance(stem, str) and stem in _RESTORED_STEMS:
+            return stem
+    return "state"
+
+
+def _refuse_links_out_of(fs: Any, root: str) -> None:
+    """CheckpointError for the first symbolic link below ``root`` (a local folder) that
+    leads out of it or nowhere; nothing beyond it is listed or read."""
+    if not isinstance(fs, pyarrow.fs.LocalFileSystem):
+        return  # object stores have no links
+    top = os.path.realpath(root)
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        for name in sorted(dirs + names):
+            link = os.path.join(folder, name)
+            if not os.path.islink(link):
+                continue
+            target = os.path.realpath(link)
+            if not os.path.exists(target):
+                problem = f"is a symbolic link to {os.readlink(link)}, which does not exist"
+            elif target != top and not target.startswith(top.rstrip(os.sep) + os.sep):
+                problem = (
+                    f"is a symbolic link to {target}, outside the checkpoint folder "
+                    f"{display_path(fs, root)}; it was not followed"
+                )
+            else:
+                continue
+            _fail(
+                fs,
+                link,
+                problem,
+                advice="Put the files themselves in the checkpoint folder, or restore from "
+                "another checkpoint.",
+            )
+
+
+def _check_unlisted(
+    fs: Any,
+    root: str,
+    files: list[str],
+    expected: dict[str, Any],
+    manifest_path: str,
+    *,
+    required: set[str],
+) -> None:
+    """Files the manifest does not list: refused when RLlib reads them, else one WARNING."""
+    unlisted = [
+        rel for rel in files if rel not in expected and posixpath.join(root, rel) != manifest_path
+    ]
+    for rel in unlisted:
+        stem, ext = posixpath.splitext(posixpath.basename(rel))
+        if (
+            rel in required
+            or (stem in _RESTORED_STEMS and ext in _STATE_ENDINGS)
+            or posixpath.basename(rel) in _READ_BY_FROM_CHECKPOINT
+        ):
+            _fail(
+                fs,
+                posixpath.join(root, rel),
+                f"is not listed in the manifest {display_path(fs, manifest_path)}, and RLlib "
+                f"would load it: it was put there after the save",
+            )
+    if unlisted:
+        shown = [display_path(fs, posixpath.join(root, rel)) for rel in unlisted]
+        logger.warning(
+            "rllib_amp: checkpoint %s holds %d file(s) its manifest does not list, which RLlib "
+            "does not read: %s (added after the save; they are ignored)",
+            display_path(fs, root),
+            len(shown),
+            ", ".join(shown),
+            extra=event("unlisted_files", path=display_path(fs, root), files=shown),
+        )
 
 
 def _find_manifest(fs: Any, root: str, files: list[str]) -> tuple[str | None, dict[str, Any]]:
@@ -266,6 +449,10 @@ def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -
     except Exception as e:  # any other parse failure means a damaged file
         _fail(fs, full, f"is truncated or corrupted ({type(e).__name__}: {e})")
     parts = [("", obj)] if stem == _MODULE_STATE_STEM else _finite_parts(obj)
+    # A warm start (not for RLlib) checks the scaler state it reads itself, value by value.
+    if for_rllib and isinstance(obj, dict) and isinstance(obj.get(_AMP_STATE_KEY), dict):
+        parts.append((_AMP_STATE_KEY, obj[_AMP_STATE_KEY]))
+        _check_scales(fs, full, obj[_AMP_STATE_KEY])
     for key, part in parts:
         bad = next(_nonfinite(part, key), None)
         if bad is not None:
@@ -275,6 +462,25 @@ def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -
                 full,
                 f"holds non-finite values at {where or '(the whole state)'} ({nans} nan, "
                 f"{infs} inf): the run that saved it had diverged",
+                advice="Restore from an earlier checkpoint.",
+            )
+
+
+def _check_scales(fs: Any, full: str, scalers: dict[str, Any]) -> None:
+    """A saved loss scale of 0 or below is as unusable as an inf one."""
+    for module_id, state in scalers.items():
+        torch_state = state.get("torch") if isinstance(state, dict) else None
+        scale = torch_state.get("scale") if isinstance(torch_state, dict) else None
+        try:
+            value = float(scale) if scale is not None else None
+        except (TypeError, ValueError):
+            value = float("nan")
+        if value is not None and math.isfinite(value) and value <= 0:
+            _fail(
+                fs,
+                full,
+                f"holds a loss scale of {value:g} for module {module_id!r} at "
+                f"{_AMP_STATE_KEY}/{module_id}/torch/scale: a loss scale must be > 0",
                 advice="Restore from an earlier checkpoint.",
             )
 

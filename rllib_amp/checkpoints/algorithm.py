@@ -4,8 +4,10 @@ RLlib's ``Algorithm.restore_from_path`` loads the learner group first, then the 
 then the algorithm's own state, so a damaged file found on the way leaves the weights and
 scaler state already replaced. ``Algorithm.from_checkpoint`` and a Tune trial's restore both
 end in that method. ``AmpAlgorithmMixin`` wraps it: the whole checkpoint is read and checked
-(``rllib_amp.checkpoint_files.verify_checkpoint``) before RLlib loads anything. Every save writes a
-manifest of checksums after RLlib's own files, so bytes changed later are caught too.
+(``rllib_amp.checkpoint_files.verify_checkpoint``) before RLlib loads anything, including that
+every state file RLlib's restore will read for this algorithm is there, with or without a
+manifest (``rllib_restore_files``). Every save writes a manifest of checksums after RLlib's own
+files, so bytes changed later are caught too.
 
 The algorithm registry (``rllib_amp.algorithms.amp_algorithm_class``) puts the mixin in
 front of each Algorithm class.
@@ -25,7 +27,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_amp.checkpoint_files import verify_checkpoint, write_manifest
+from rllib_amp.checkpoint_files import rllib_restore_files, verify_checkpoint, write_manifest
 from rllib_amp.fs import resolve
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.
@@ -58,5 +60,13 @@ class AmpAlgorithmMixin(_MixinBase):
 
     @override(Algorithm)
     def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
-        verify_checkpoint(path, filesystem=kwargs.get("filesystem"))
+        filesystem = kwargs.get("filesystem")
+        # A whole-algorithm restore reads each component's state file: all must be there
+        # (with or without a manifest) before RLlib replaces the first of them.
+        required = (
+            rllib_restore_files(self, path, filesystem=filesystem)
+            if kwargs.get("component") is None
+            else []
+        )
+        verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, *args, **kwargs)

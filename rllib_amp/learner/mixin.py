@@ -45,7 +45,7 @@ from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_amp.checkpoint_files import verify_checkpoint
+from rllib_amp.checkpoint_files import rllib_restore_files, verify_checkpoint
 from rllib_amp.learner.async_results import collect_pending, discard_pending
 from rllib_amp.learner.fused_adam import fuse_adam, set_adam_fusing
 from rllib_amp.learner.malloc import tune_cpu_malloc
@@ -307,8 +307,14 @@ class AmpLearnerMixin(_MixinBase):
         # Before RLlib loads anything. An Algorithm restore has checked the whole checkpoint
         # already (checkpoints.algorithm); this covers Learner / LearnerGroup restores and
         # learners on other nodes, which get a copy of their own folder only.
+        filesystem = kwargs.get("filesystem")
+        required = (
+            rllib_restore_files(self, path, filesystem=filesystem)
+            if kwargs.get("component") is None
+            else []
+        )
         verify_checkpoint(
-            path, filesystem=kwargs.get("filesystem"), announce_missing_manifest=False
+            path, filesystem=filesystem, announce_missing_manifest=False, required=required
         )
         super().restore_from_path(path, *args, **kwargs)
 

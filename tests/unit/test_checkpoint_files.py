@@ -14,6 +14,7 @@ import torch
 from rllib_amp.checkpoint_files import (
     MANIFEST_FILE_NAME,
     CheckpointError,
+    rllib_restore_files,
     verify_checkpoint,
     write_manifest,
 )
@@ -231,3 +232,150 @@ def test_state_file_naming_a_missing_class_is_refused_before_load(tmp_path):
     with pytest.raises(CheckpointError, match="cannot be loaded here") as e:
         verify_checkpoint(ck)
     assert e.value.path == str(ck / ENV_RUNNER)
+
+
+# -- before anything is read: links, missing state files, unlisted files --------------------
+def test_a_link_out_of_the_checkpoint_is_refused_without_following_it(tmp_path):
+    ck = _checkpoint(tmp_path / "ck")
+    outside = tmp_path / "system"
+    outside.mkdir()
+    (outside / "state.pkl").write_bytes(b"garbage")  # named instead, if the link were followed
+    link = ck / "env_runner" / "extra"
+    os.symlink(outside, link)
+    with pytest.raises(CheckpointError, match="symbolic link") as e:
+        verify_checkpoint(ck)
+    assert e.value.path == str(link) and str(outside) in str(e.value)
+
+
+def test_a_dangling_link_is_refused_and_a_link_inside_is_fine(tmp_path):
+    ck = _checkpoint(tmp_path / "ck", manifest=False)
+    os.symlink(ck / "env_runner", ck / "same_runner")  # stays inside: read like any folder
+    assert verify_checkpoint(ck) is not None
+    os.symlink(tmp_path / "gone", ck / "dangling")
+    with pytest.raises(CheckpointError, match="does not exist") as e:
+        verify_checkpoint(ck)
+    assert e.value.path == str(ck / "dangling")
+
+
+def test_a_checkpoint_reached_through_a_link_is_read(tmp_path):
+    ck = _checkpoint(tmp_path / "ck")
+    os.symlink(ck, tmp_path / "latest")
+    got = verify_checkpoint(tmp_path / "latest")
+    assert got is not None and got.files == 5
+
+
+def _mark_components(root):
+    """RLlib's component files next to each state file, as save_to_path writes them."""
+    for rel in (WEIGHTS, LEARNER, ENV_RUNNER):
+        folder = (root / rel).parent
+        stem = os.path.splitext(os.path.basename(rel))[0]
+        (folder / "metadata.json").write_text(json.dumps({"state_file": stem}))
+        _dump(folder / "class_and_ctor_args.pkl", {"class": "X"})
+
+
+@pytest.mark.parametrize("name", [WEIGHTS, LEARNER, ENV_RUNNER])
+def test_without_manifest_a_component_missing_its_state_file_is_refused(tmp_path, name):
+    ck = _checkpoint(tmp_path, manifest=False)
+    _mark_components(ck)
+    assert verify_checkpoint(ck) is not None
+    os.remove(ck / name)
+    with pytest.raises(CheckpointError, match="RLlib's restore reads it") as e:
+        verify_checkpoint(ck)
+    assert e.value.path == str(ck / name)
+    # A warm start reads the learner's state alone: the other components do not matter.
+    if name != LEARNER:
+        assert verify_checkpoint(ck, for_rllib=False) is not None
+
+
+def test_required_files_must_be_there(tmp_path):
+    ck = _checkpoint(tmp_path, manifest=False)
+    assert verify_checkpoint(ck, required=["algorithm_state.pkl", ENV_RUNNER]) is not None
+    os.remove(ck / "algorithm_state.pkl")
+    with pytest.raises(CheckpointError, match="missing") as e:
+        verify_checkpoint(ck, required=["algorithm_state.pkl"])
+    assert e.value.path == str(ck / "algorithm_state.pkl")
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "env_runner/state.msgpack",
+        "learner_group/state.pkl",
+        "class_and_ctor_args.pkl",
+        "x/module_state.pkl",
+    ],
+)
+def test_a_file_rllib_reads_but_the_manifest_does_not_list_is_refused(tmp_path, rel):
+    ck = _checkpoint(tmp_path)
+    _dump(ck / rel, {"added": "after the save"})
+    with pytest.raises(CheckpointError, match="not listed in the manifest") as e:
+        verify_checkpoint(ck)
+    assert e.value.path == str(ck / rel)
+
+
+def test_other_unlisted_files_get_one_warning(tmp_path, caplog):
+    ck = _checkpoint(tmp_path)
+    (ck / "notes.txt").write_text("mine")
+    (ck / "env_runner" / "plot.png").write_bytes(b"\x89PNG")
+    caplog.set_level(logging.INFO, logger="rllib_amp")
+    assert verify_checkpoint(ck) is not None
+    (warning,) = [r for r in caplog.records if getattr(r, "amp_event", "") == "unlisted_files"]
+    assert warning.levelname == "WARNING"
+    assert warning.amp_fields["files"] == [str(ck / "env_runner/plot.png"), str(ck / "notes.txt")]
+
+
+# -- the loss scale ------------------------------------------------------------------------
+def test_the_scale_key_is_the_one_the_learner_saves_under():
+    from rllib_amp.checkpoint_files import _AMP_STATE_KEY
+    from rllib_amp.scaling.state import AMP_STATE_KEY
+
+    assert _AMP_STATE_KEY == AMP_STATE_KEY
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), 0.0, -1.0])
+def test_an_unusable_scale_is_refused_even_with_a_consistent_manifest(tmp_path, scale):
+    ck = _checkpoint(tmp_path)
+
+    def set_scale(state):
+        state["amp_scalers"]["default_policy"]["torch"]["scale"] = scale
+
+    _rewrite(ck / LEARNER, set_scale)
+    write_manifest(ck)  # the sha256 matches: only the value tells
+    with pytest.raises(CheckpointError, match="scale" if scale <= 0 else "non-finite") as e:
+        verify_checkpoint(ck)
+    assert e.value.path == str(ck / LEARNER)
+    assert "amp_scalers/default_policy/torch/scale" in str(e.value)
+
+
+# -- which files RLlib's restore reads -----------------------------------------------------
+class _Component:
+    """A Checkpointable's shape: named components and a state file name."""
+
+    def __init__(self, state_file="state", **components):
+        self.STATE_FILE_NAME = state_file
+        self._components = components
+
+    def get_checkpointable_components(self):
+        return list(self._components.items())
+
+
+def test_rllib_restore_files_follow_the_component_folders_present(tmp_path):
+    ck = _checkpoint(tmp_path, manifest=False)
+    module = _Component("module_state")
+    algo = _Component(
+        "algorithm_state",
+        learner_group=_Component(
+            learner=_Component(rl_module=_Component("module_state", default_policy=module))
+        ),
+        env_runner=_Component(env_to_module_connector=_Component()),
+        eval_env_runner=_Component(),  # no folder: RLlib skips it
+    )
+    (ck / "learner_group/learner/rl_module/module_state.msgpack").write_bytes(b"\x80")
+    assert rllib_restore_files(algo, ck) == [
+        WEIGHTS,
+        "learner_group/learner/rl_module/module_state.msgpack",  # msgpack first, as RLlib
+        LEARNER,
+        "learner_group/state.pkl",  # missing here: verify_checkpoint names it
+        ENV_RUNNER,
+        "algorithm_state.pkl",
+    ]

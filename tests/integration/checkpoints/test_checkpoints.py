@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import shutil
 
 import pytest
 from ray.rllib.algorithms.algorithm import Algorithm
 
-from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, write_manifest
 from tests.integration.common import (
     amp_config,
     learner,
@@ -142,8 +144,6 @@ def test_amp_checkpoint_restores_into_float32_run_with_one_warning(tmp_path, cap
 
 def test_appo_checkpoint_round_trip(tmp_path):
     """APPO learns asynchronously: compare against the state written into the checkpoint."""
-    import pickle
-
     cfg = amp_config("APPO", dtype="float16", init_scale=2.0**20, growth_interval=3)
     a = cfg.build_algo()
     try:
@@ -252,5 +252,84 @@ def test_an_lr_schedule_continues_across_a_checkpoint_restore(tmp_path):
         assert _lr(b) == pytest.approx(lr_saved)  # not the schedule's start again
         b.train()
         assert _lr(b) == pytest.approx(lr_next)  # and it goes on where it left off
+    finally:
+        b.stop()
+
+
+def _without(root, rel):
+    os.remove(root / rel)
+
+
+def _link_out(outside):
+    def damage(root, rel):
+        os.symlink(outside, root / rel)
+
+    return damage
+
+
+def _unlisted(root, rel):
+    (root / rel).write_bytes(b"\x80")  # RLlib prefers a state.msgpack to the state.pkl
+
+
+def _scale_of(value):
+    def damage(root, rel):
+        with open(root / rel, "rb") as f:
+            state = pickle.load(f)
+        state["amp_scalers"]["default_policy"]["torch"]["scale"] = value
+        with open(root / rel, "wb") as f:
+            pickle.dump(state, f)
+        write_manifest(root)  # a consistent manifest: the sha256 matches the bad value
+
+    return damage
+
+
+def test_a_refused_restore_leaves_weights_and_scaler_as_they_were(tmp_path):
+    """All or nothing, with or without a manifest: each damage is refused before RLlib loads
+    the first component, so the algorithm restored into keeps its weights and scaler."""
+    cfg = amp_config("PPO", dtype="float16", init_scale=2.0**20, growth_interval=3)
+    a = cfg.build_algo()
+    try:
+        train_until_learned(a)
+        a.save_to_path(str(tmp_path / "amp"))
+    finally:
+        a.stop()
+    s = tiny_config("PPO", seed=1).build_algo()
+    try:
+        train_until_learned(s)
+        s.save_to_path(str(tmp_path / "stock"))  # no manifest: stock RLlib, or older rllib-amp
+    finally:
+        s.stop()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "state.pkl").write_bytes(b"not a pickle")  # read if the link were followed
+    learner_state = "learner_group/learner/state.pkl"
+    cases = [
+        # RLlib reads the learner group first: these went wrong after weights were replaced.
+        ("stock", "env_runner/state.pkl", _without),
+        ("stock", "algorithm_state.pkl", _without),
+        ("stock", learner_state, _without),
+        ("stock", "env_runner/env_to_module_connector/state.pkl", _without),
+        ("amp", "env_runner/linked", _link_out(outside)),
+        ("stock", "linked", _link_out(outside)),
+        ("amp", "env_runner/state.msgpack", _unlisted),
+        ("amp", learner_state, _scale_of(float("inf"))),
+        ("amp", learner_state, _scale_of(float("nan"))),
+        ("amp", learner_state, _scale_of(0.0)),
+    ]
+    b = cfg.build_algo()
+    try:
+        view, w = _scaler_view(b), weights(b)
+        for i, (source, rel, damage) in enumerate(cases):
+            ck = tmp_path / f"case{i}"
+            shutil.copytree(tmp_path / source, ck)
+            damage(ck, rel)
+            with pytest.raises(CheckpointError) as e:
+                b.restore_from_path(str(ck))
+            assert e.value.path == str(ck / rel), (rel, str(e.value))
+            assert "nothing was restored" in str(e.value)
+            assert _scaler_view(b) == view, rel
+            assert same(weights(b), w), rel
+        b.restore_from_path(str(tmp_path / "amp"))  # the intact one still restores
+        assert not same(weights(b), w)
     finally:
         b.stop()
