@@ -89,14 +89,24 @@ class SamplingThroughput:
 
     env_steps: int
     seconds: float
+    cpu_seconds: float = 0.0  # CPU time of the whole process (all threads) meanwhile
 
     @property
     def steps_per_s(self) -> float:
         return self.env_steps / self.seconds
 
+    @property
+    def steps_per_cpu_s(self) -> float:
+        """Env steps per CPU-second: the cost per step, steadier than wall time on shared cores."""
+        return self.env_steps / self.cpu_seconds if self.cpu_seconds else float("nan")
+
 
 def measure_sampling(
-    config: Any, *, env_steps: int = 4096, warmup_steps: int = 512
+    config: Any,
+    *,
+    env_steps: int = 4096,
+    warmup_steps: int = 512,
+    torch_threads: int | None = None,
 ) -> SamplingThroughput:
     """Env steps per second of one EnvRunner built from ``config``, inference included.
 
@@ -114,28 +124,41 @@ def measure_sampling(
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     runner_cls = config.env_runner_cls or SingleAgentEnvRunner
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(config.num_cpus_per_env_runner)))
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(torch_threads or max(1, int(config.num_cpus_per_env_runner)))
     runner = runner_cls(config=config)
     try:
         runner.sample(num_timesteps=warmup_steps, random_actions=False)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         episodes = runner.sample(num_timesteps=env_steps, random_actions=False)
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         steps = sum(len(e) for e in episodes)
     finally:
         runner.stop()
-        torch.set_num_threads(torch_threads)
-    return SamplingThroughput(env_steps=steps, seconds=seconds)
+        torch.set_num_threads(threads_before)
+    return SamplingThroughput(env_steps=steps, seconds=seconds, cpu_seconds=cpu_seconds)
 
 
 # -- batched vs RLlib's loop ------------------------------------------------------------------
-def sampler_one(sampler: str, num_envs: int, env_steps: int, model: str, num_cpus: int) -> float:
-    """Env steps/s of one native EnvRunner on ``sampler`` (a picklable job for ``in_child``)."""
+def sampler_one(
+    sampler: str,
+    num_envs: int,
+    env_steps: int,
+    model: str,
+    num_cpus: int,
+    torch_threads: int | None = None,
+) -> tuple[float, float]:
+    """(env steps/s, env steps per CPU-second) of one native EnvRunner on ``sampler``.
+
+    A picklable job for ``in_child``.
+    """
     cfg = sampling_config(
         NATIVE, num_envs=num_envs, model=model, num_cpus=num_cpus, sampler=sampler
     )
-    return measure_sampling(cfg, env_steps=env_steps, warmup_steps=min(512, env_steps)).steps_per_s
+    r = measure_sampling(
+        cfg, env_steps=env_steps, warmup_steps=min(512, env_steps), torch_threads=torch_threads
+    )
+    return r.steps_per_s, r.steps_per_cpu_s
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -161,28 +184,37 @@ def compare_samplers(
     env_steps: int = 4096,
     model: str = "full",
     num_cpus: int = 2,
+    torch_threads: int | None = None,
     fresh: bool = True,
-) -> dict[str, list[float]]:
-    """Env steps/s per sampler, ``reps`` each, interleaved; each in a fresh process by default.
+) -> dict[str, dict[str, list[float]]]:
+    """Per sampler, ``reps`` runs of env steps/s and of env steps per CPU-second.
+
+    The samplers alternate order each repetition; each run is a fresh process by default.
+    ``torch_threads``: None is ``num_cpus``, as Ray sets for an EnvRunner actor.
 
     Example:
         >>> runs = compare_samplers(1, num_envs=2, env_steps=8, fresh=False)  # doctest: +SKIP
-        >>> sorted(runs)  # doctest: +SKIP
-        ['batched', 'rllib']
+        >>> sorted(runs["batched"])  # doctest: +SKIP
+        ['steps_per_cpu_s', 'steps_per_s']
     """
     from rllib_amp.bench.figures import interleaved
     from rllib_amp.bench.harness import in_child
 
-    out: dict[str, list[float]] = {s: [] for s in samplers}
+    out: dict[str, dict[str, list[float]]] = {
+        s: {"steps_per_s": [], "steps_per_cpu_s": []} for s in samplers
+    }
     for rep in range(reps):
         for sampler in interleaved(samplers, rep):
-            args = (sampler, num_envs, env_steps, model, num_cpus)
-            value = in_child(sampler_one, *args) if fresh else sampler_one(*args)
-            out[sampler].append(float(value))
+            args = (sampler, num_envs, env_steps, model, num_cpus, torch_threads)
+            wall, cpu = in_child(sampler_one, *args) if fresh else sampler_one(*args)
+            out[sampler]["steps_per_s"].append(float(wall))
+            out[sampler]["steps_per_cpu_s"].append(float(cpu))
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
     from rllib_amp.cli import Parser, main_wrapper
 
     def run(argv: Sequence[str] | None) -> int:
@@ -195,12 +227,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--steps", type=int, default=4096)
         parser.add_argument("--model", default="full")
         parser.add_argument("--cpus", type=int, default=2)
+        parser.add_argument("--torch-threads", type=int, default=None)
         parser.add_argument("--samplers", default=",".join((RLLIB, BATCHED)))
         args = parser.parse_args(argv)
         samplers = [s for s in args.samplers.split(",") if s]
         for s in samplers:
             if s not in SAMPLERS:
                 parser.error(f"--samplers: {s!r} is not one of {', '.join(SAMPLERS)}")
+        load_before = os.getloadavg()
         runs = compare_samplers(
             args.reps,
             samplers=samplers,
@@ -208,15 +242,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             env_steps=args.steps,
             model=args.model,
             num_cpus=args.cpus,
+            torch_threads=args.torch_threads,
         )
-        print(json.dumps({s: {"runs": v, **summary(v)} for s, v in runs.items()}, indent=1))
+        report = {
+            "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+            **{
+                s: {k: {"runs": v, **summary(v)} for k, v in figures.items()}
+                for s, figures in runs.items()
+            },
+        }
+        print(json.dumps(report, indent=1))
         return 0
 
     return main_wrapper("python -m rllib_amp.bench.sampling", run, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 # -- overlap: envs stepping while the network works -------------------------------------------
@@ -230,8 +268,8 @@ def overlap_one(
     model: str = "full",
     ale_threads: int = 2,
     torch_threads: int = 2,
-) -> float:
-    """Env steps/s of the bare batched loop (module forward, action sampling, ALE step).
+) -> tuple[float, float]:
+    """(env steps/s, per CPU-second) of the bare batched loop: forward, actions, ALE step.
 
     ``sync``: one ALE vector env of ``num_envs``; the network and the envs take turns.
     ``halves``: two vector envs of half the envs each, stepped with ALE's asynchronous
@@ -261,10 +299,10 @@ def overlap_one(
     obs: list[Any] = [env.reset(seed=i * size)[0] for i, env in enumerate(envs)]
     rounds = max(1, env_steps // num_envs)
     warmup = max(1, rounds // 8)
-    start = 0.0
+    start = cpu_start = 0.0
     for r in range(rounds + warmup):
         if r == warmup:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
         if groups == 1:
             obs[0] = envs[0].step(act(obs[0]))[0]
             continue
@@ -275,37 +313,37 @@ def overlap_one(
         obs[0] = envs[0].recv()[0]
         envs[0].send(act(obs[0]))
         obs[1] = envs[1].recv()[0]
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     for env in envs:
         env.close()
-    return rounds * num_envs / seconds
+    return rounds * num_envs / seconds, rounds * num_envs / cpu_seconds
 
 
 def compare_overlap(
-    reps: int, *, variants: Sequence[tuple[str, int, int]] | None = None, **kwargs: Any
-) -> dict[str, list[float]]:
-    """Env steps/s per (mode, ALE threads, torch threads), ``reps`` each, interleaved, each in
-    a fresh process."""
+    reps: int,
+    *,
+    variants: Sequence[tuple[str, int, int]] = (("sync", 2, 2), ("sync", 2, 1), ("halves", 2, 1)),
+    num_envs: int = 16,
+    env_steps: int = 4096,
+    model: str = "full",
+) -> dict[str, dict[str, list[float]]]:
+    """Per (mode, ALE threads, torch threads): ``reps`` runs of ``overlap_one``'s figures,
+    interleaved, each in a fresh process."""
     from rllib_amp.bench.figures import interleaved
     from rllib_amp.bench.harness import in_child
 
-    variants = variants or [("sync", 2, 2), ("halves", 2, 2), ("halves", 2, 1)]
     names = {f"{m} ale{a} torch{t}": (m, a, t) for m, a, t in variants}
-    out: dict[str, list[float]] = {n: [] for n in names}
+    out: dict[str, dict[str, list[float]]] = {
+        n: {"steps_per_s": [], "steps_per_cpu_s": []} for n in names
+    }
     for rep in range(reps):
         for name in interleaved(list(names), rep):
-            mode, ale, tt = names[name]
-            out[name].append(
-                float(
-                    in_child(
-                        overlap_one,
-                        mode,
-                        kwargs.get("num_envs", 16),
-                        kwargs.get("env_steps", 4096),
-                        kwargs.get("model", "full"),
-                        ale,
-                        tt,
-                    )
-                )
-            )
+            mode, ale, threads = names[name]
+            wall, cpu = in_child(overlap_one, mode, num_envs, env_steps, model, ale, threads)
+            out[name]["steps_per_s"].append(float(wall))
+            out[name]["steps_per_cpu_s"].append(float(cpu))
     return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

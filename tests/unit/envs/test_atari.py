@@ -226,12 +226,26 @@ def test_measure_sampling_times_one_env_runner_on_either_path():
     import torch
 
     from rllib_amp.bench import sampling
+    from rllib_amp.envs.batched_runner import BatchedAleEnvRunner
 
     threads = torch.get_num_threads()
-    paths = {sampling.NATIVE: atari.AleVectorEnv, sampling.WRAPPERS: envs.AtariEnv}
-    for path, env_cls in paths.items():
-        cfg = sampling.sampling_config(path, num_envs=2, num_cpus=1)
-        assert cfg.env is env_cls
+    paths = {
+        (sampling.NATIVE, None): (atari.AleVectorEnv, BatchedAleEnvRunner),
+        (sampling.NATIVE, sampling.RLLIB): (atari.AleVectorEnv, None),
+        (sampling.WRAPPERS, None): (envs.AtariEnv, None),
+    }
+    for (path, sampler), (env_cls, runner_cls) in paths.items():
+        cfg = sampling.sampling_config(path, num_envs=2, num_cpus=1, sampler=sampler)
+        assert cfg.env is env_cls and cfg.env_runner_cls is runner_cls
         result = sampling.measure_sampling(cfg, env_steps=16, warmup_steps=4)
         assert result.env_steps >= 16 and result.steps_per_s > 0
+        assert result.cpu_seconds > 0 and result.steps_per_cpu_s > 0
     assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("mode", ["sync", "halves"])
+def test_overlap_probe_steps_every_env(mode):
+    from rllib_amp.bench import sampling
+
+    wall, cpu = sampling.overlap_one(mode, 4, 32, "mini", 2, 1)
+    assert wall > 0 and cpu > 0
