@@ -185,3 +185,34 @@ def test_the_summary_names_a_storage_error_once(tmp_path):
     line = storage_fault(str(blocked), rows[2:])
     assert line is not None and line.startswith(f"the storage at {blocked} failed: ")
     assert os.listdir(tmp_path) == ["file"]  # the check leaves nothing behind
+
+
+def test_a_checkpoint_uri_as_the_summary_prints_it_reads_back_as_a_warm_start(tmp_path):
+    import pickle
+
+    import pyarrow.fs
+
+    from rllib_amp.checkpoint_files import write_manifest
+    from rllib_amp.scaling.scaler import PolicyScaler
+    from rllib_amp.scaling.state import AMP_STATE_KEY
+    from rllib_amp.scaling.warm_start import read_scaler_states
+    from rllib_amp.settings import AmpSettings
+
+    scaler = PolicyScaler(AmpSettings(growth_interval=2000), "cpu", scaling=True)
+    scaler.seed(512.0, 7)
+    ckpt = tmp_path / "checkpoint_000003"
+    (ckpt / "learner_group" / "learner").mkdir(parents=True)
+    (ckpt / "learner_group" / "learner" / "state.pkl").write_bytes(
+        pickle.dumps({"optimizer": {}, AMP_STATE_KEY: {"default_policy": scaler.state_dict()}})
+    )
+    (ckpt / "algorithm_state.pkl").write_bytes(pickle.dumps({"training_iteration": 4}))
+    write_manifest(ckpt)
+    with moto_s3() as s3:
+        storage = s3.uri("experiments")
+        fs_path = f"{s3.bucket}/experiments/run/trial_0/checkpoint_000003"
+        pyarrow.fs.copy_files(str(ckpt), fs_path, destination_filesystem=s3.fs)
+        printed = S.to_uri(storage, fs_path)  # what "Best trial checkpoint:" shows
+        assert printed.endswith(f"/checkpoint_000003?endpoint_override={s3.endpoint}&scheme=http")
+        saved = read_scaler_states(printed)
+    assert saved["default_policy"]["torch"]["scale"] == 512.0
+    assert saved["default_policy"]["torch"]["_growth_tracker"] == 7
