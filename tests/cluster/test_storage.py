@@ -14,6 +14,7 @@ import os
 import pickle
 import posixpath
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -222,9 +223,16 @@ def test_s3_sweep_on_the_cluster_resumes_from_the_bucket_with_exact_scaler_state
     log.close()
     saved = {t: _states_in_bucket(s3, t) for t in trial_dirs}
 
-    # 2. Resume from the bucket URI.
-    proc = _cli(cluster, str(config), storage, "s3sweep", "--resume",
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    # 2. Resume from the bucket URI, with the command the interrupted run printed: its
+    # --storage-path is the URI with its query (?endpoint_override=...), as given.
+    printed = (tmp_path / "first.log").read_text()
+    resume = shlex.split(printed.split("continue with: ")[-1].splitlines()[0])
+    assert resume[:3] == ["python", "-m", "rllib_amp.tune"] and resume[-1] == "--resume"
+    assert resume[resume.index("--storage-path") + 1] == storage
+    env = dict(os.environ, PYTHONPATH=ROOT, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, *resume[1:]], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     out, _ = proc.communicate(timeout=540)
     assert proc.returncode == 0, out[-4000:]
 
@@ -239,6 +247,18 @@ def test_s3_sweep_on_the_cluster_resumes_from_the_bucket_with_exact_scaler_state
     best = next(line for line in out.splitlines() if line.startswith("Best trial checkpoint: "))
     assert best.split(": ", 1)[1] == table[0]["checkpoint"]
     assert f"endpoint_override={s3.endpoint}" in table[0]["checkpoint"]
+    # The printed checkpoint URI works as a warm-start source as printed (its component
+    # paths go before the query): the experiment's check reads its scaler state.
+    warm = tmp_path / "warm.yaml"
+    source = f'warm_start: {{from: "{table[0]["checkpoint"]}"}}'
+    sweep = textwrap.dedent(SWEEP % {"iterations": 1})
+    warm.write_text(sweep.replace("growth_interval: 4}", f"growth_interval: 4, {source}}}"))
+    checked = subprocess.run(
+        [sys.executable, "-m", "rllib_amp.tune", "--config", str(warm), "--dry-run"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-3000:]
+    assert "warm_start" in checked.stdout and s3.endpoint in checked.stdout
 
     # Each interrupted trial continued from a checkpoint in the bucket with its scaler state
     # exactly: the first update after the restore starts from the saved counters, growth
