@@ -153,3 +153,18 @@ def test_bounded_returns_raises_or_times_out():
     with pytest.raises(fs.RemoteTimeout, match="^no answer from s3://far within 0.2 s$"):
         fs.bounded(lambda: release.wait(30), "s3://far", timeout_s=0.2)
     release.set()
+
+
+def test_a_warm_start_source_that_cannot_be_opened_is_one_line(monkeypatch):
+    from rllib_amp.scaling.warm_start import read_scaler_states
+    from tests.cluster.s3 import closed_port
+
+    port = closed_port()
+    _no_cloud_credentials_lookup(monkeypatch, port)
+    # hdfs:// without a JVM here (pyarrow's 40-line libjvm search), or refusing connections.
+    source = f"hdfs://127.0.0.1:{port}/run/checkpoint_000001"
+    with pytest.raises(ValueError) as e:
+        read_scaler_states(source)
+    line = str(e.value)
+    assert line.startswith(f"amp.warm_start.from: cannot read {source!r} (") and "\n" not in line
+    assert "drop warm_start" in line
