@@ -215,6 +215,9 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
                 )
         except KeyboardInterrupt as e:  # a signal, or Ray's death, before Tune's loop
             return _stopped_before_trials(stop, e)
+        except S.StorageFailed as e:  # said once, as the summary would: no grid to show
+            _say(f"{e}; fix it, then continue with: {stop.resume_command}")
+            return 1
         return _report(exp, args, grid, storage, name, stopped, stop)
 
 
@@ -352,6 +355,8 @@ def _tune(
         notices.release()
         try:
             grid, interrupted = T.fit(tuner)
+        except OSError as e:  # Tune reading back a storage that failed under the trials
+            raise S.StorageFailed(S.join(storage, name), e) from None
         except KeyboardInterrupt:  # before Tune's loop: it saved no experiment state
             if not args.resume and _discard_unstarted(storage, name):
                 stop.resume_command = None

@@ -48,6 +48,16 @@ class StorageError(ValueError):
     """Storage that cannot be used: the message names the location, the cause and the fix."""
 
 
+class StorageFailed(Exception):
+    """The storage failed under a running sweep, so badly that Tune itself could not read its
+    experiment back (an S3 endpoint gone): the message names the experiment folder and the
+    cause, for one line with the --resume command."""
+
+    def __init__(self, exp_dir: str, cause: BaseException) -> None:
+        super().__init__(f"the storage at {exp_dir} failed: {files.error_line(cause)}")
+        self.exp_dir = exp_dir
+
+
 def resolve(
     flag: str | None,
     from_file: str | None,

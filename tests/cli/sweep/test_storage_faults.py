@@ -23,6 +23,7 @@ import time
 import pytest
 
 from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, verify_checkpoint
+from rllib_amp.sweep import storage as S
 from tests.cluster.s3 import ENV, closed_port, silent_listener
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -286,3 +287,37 @@ def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
     for checkpoint in cut:
         assert os.path.isdir(checkpoint + ".damaged"), checkpoint
     shutil.rmtree(os.path.join(private_tmpfs, "full"))  # the tmpfs goes with its holder
+
+
+@pytest.mark.slow  # a local Ray of its own (the trials need moto's credentials): 60-100 s
+def test_s3_endpoint_dying_under_the_trials_is_one_line_with_the_resume_command(tmp_path):
+    from tests.cluster.s3 import moto_s3
+
+    config = tmp_path / "die.yaml"
+    config.write_text(textwrap.dedent(FULL_DISK).replace("iteration: 12", "iteration: 60"))
+    with moto_s3() as s3:
+        storage = s3.uri("exp")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rllib_amp.tune", "--config", str(config),
+             "--storage-path", storage, "--name", "die"],
+            # A timeout for a loaded machine: moto answers, only slowly at times.
+            cwd=ROOT, env=_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+                               RLLIB_AMP_REMOTE_TIMEOUT_S="30"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            saved = [p for p in s3.list("exp/die") if p.endswith("/algorithm_state.pkl")]
+            if len(saved) >= 2:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+    # moto's server is gone: every later request is refused.
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out[-2000:] + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    where = S.join(storage, "die")
+    assert last.startswith(f"python -m rllib_amp.tune: the storage at {where} "), last
+    assert "continue with: " in last and last.endswith("--resume"), last
+    assert err.count("continue with: ") == 1
+    assert "Traceback" not in err.split("Trials did not complete")[-1], err[-3000:]
