@@ -52,6 +52,7 @@ def ppo(sampler: str):
     ).build_algo()
 
 
+@pytest.mark.slow
 def test_ppo_checkpoints_restore_across_the_two_samplers(tmp_path):
     batched, rllib = ppo(atari.BATCHED), ppo(atari.RLLIB)
     try:

@@ -243,7 +243,7 @@ def test_measure_sampling_times_one_env_runner_on_either_path():
     assert torch.get_num_threads() == threads
 
 
-@pytest.mark.parametrize("mode", ["sync", "halves"])
+@pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.slow), "halves"])
 def test_overlap_probe_steps_every_env(mode):
     from rllib_amp.bench import sampling
 
