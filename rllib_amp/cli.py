@@ -43,6 +43,30 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(signum)
 
 
+# Set only by a command's entry point (``python -m rllib_amp.tune``): this process is the
+# command, so rllib_amp may end it on its own (``os._exit``) where a call it cannot interrupt
+# would leave it hanging. Unset, rllib_amp runs as a library in someone else's process
+# (a notebook, a service, a worker thread) and never ends that process.
+_command_process = False
+
+
+def run_as_command() -> None:
+    """For a command's ``__main__`` only: lets ``may_end_process`` answer True."""
+    global _command_process
+    _command_process = True
+
+
+def may_end_process() -> bool:
+    """Whether rllib_amp may end the process itself (``os._exit``), asked by the thread that
+    runs the command: only in the main thread of a ``python -m rllib_amp...`` process.
+
+    Example:
+        >>> may_end_process()  # a library call
+        False
+    """
+    return _command_process and threading.current_thread() is threading.main_thread()
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 

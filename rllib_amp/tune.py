@@ -2,11 +2,12 @@
 
 import sys
 
-from rllib_amp.cli import interrupts_as_exit
+from rllib_amp.cli import interrupts_as_exit, run_as_command
 
 # Ctrl-C or SIGTERM while the command's modules load is one line and 130/143 too.
 with interrupts_as_exit("python -m rllib_amp.tune"):
     from rllib_amp.sweep.main import main
 
 if __name__ == "__main__":
+    run_as_command()  # this process is the command: a dead Ray may end it (RayWatch)
     sys.exit(main())
