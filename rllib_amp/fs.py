@@ -30,6 +30,7 @@ import os
 import pickle
 import posixpath
 import re
+import signal
 import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -172,9 +173,13 @@ def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -
     """``call()``, or RemoteTimeout naming ``where`` when it has not returned within
     ``timeout_s`` (default ``remote_timeout_s()``).
 
-    The call runs on a helper thread and this one waits: Ctrl-C ends the wait at once, which
-    a thread inside a blocking pyarrow call would not notice. A call that times out is left
-    to end on its own (its filesystem's own timeouts end it).
+    The call runs on a helper thread and this one waits: Ctrl-C (or SIGTERM, raised as
+    ``rllib_amp.cli.Interrupted``) ends the wait at once, which a thread inside a blocking
+    pyarrow call would not notice. A call that times out is left to end on its own (its
+    filesystem's own timeouts end it). Interrupted in a command's process
+    (``rllib_amp.cli.may_end_process``), the KeyboardInterrupt propagates and the process
+    ends at exit with 128 + the signal without waiting for the call; in a library call,
+    RemoteCallInterrupted is raised and nothing ends the caller's process.
 
     Example:
         >>> bounded(lambda: 42, "nowhere", timeout_s=5)
@@ -198,8 +203,13 @@ def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -
     thread.start()
     try:
         finished = done.wait(timeout)
-    except KeyboardInterrupt:
-        _exit_without_waiting_for(done, EXIT_INTERRUPTED)
+    except KeyboardInterrupt as e:
+        from rllib_amp import cli
+
+        if not cli.may_end_process():  # a library call: the caller's process is its own
+            raise RemoteCallInterrupted(where, e) from e
+        signum = int(getattr(e, "signum", signal.SIGINT))  # cli.Interrupted: SIGTERM too
+        _exit_without_waiting_for(done, cli.signal_exit_status(signum))
         raise
     if not finished:
         raise RemoteTimeout(f"no answer from {where} within {timeout:g} s")
@@ -208,15 +218,27 @@ def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -
     return box["value"]  # type: ignore[no-any-return]
 
 
-# What the shells report for a command ended by Ctrl-C (as rllib_amp.cli says).
-EXIT_INTERRUPTED = 130
+class RemoteCallInterrupted(KeyboardInterrupt):
+    """A signal ended the wait for a remote call in a library call (``bounded``): the call
+    still runs on its daemon thread until its filesystem's own timeouts end it, and pyarrow's
+    exit handler may wait for it when the interpreter exits. ``signum`` is the signal's."""
+
+    def __init__(self, where: str, interrupt: BaseException) -> None:
+        super().__init__(
+            f"interrupted while waiting for {where}; the call still runs on a daemon thread "
+            f"until its filesystem gives up (at most {REMOTE_TIMEOUT_ENV} a try)"
+        )
+        self.where = where
+        self.signum = int(getattr(interrupt, "signum", signal.SIGINT))
 
 
 def _exit_without_waiting_for(done: threading.Event, status: int) -> None:
     """At interpreter exit, ends the process at once with ``status`` if a remote call is
-    still running (``done`` not set): pyarrow's exit handler would otherwise wait for that call to
-    give up (minutes, with a long remote timeout) after the user pressed Ctrl-C. Registered
-    last, so it runs before pyarrow's own handler; output is flushed first."""
+    still running (``done`` not set): pyarrow's exit handler would otherwise wait for that
+    call to give up (minutes, with a long remote timeout) after the user pressed Ctrl-C.
+    Registered last, so it runs before pyarrow's own handler (and skips the handlers
+    registered before it: only a command's own process, ``rllib_amp.cli.may_end_process``,
+    asks for it); output is flushed first."""
     import atexit
     import sys
 

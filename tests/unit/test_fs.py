@@ -155,6 +155,65 @@ def test_bounded_returns_raises_or_times_out():
     release.set()
 
 
+# A process that waits in ``bounded`` on a call that never returns, as the CLI (the entry
+# point's run_as_command, then main_wrapper) or as a library caller (which catches what
+# bounded raises and exits 3). An exit handler registered before the wait says it ran.
+_WAITER = """
+import atexit, sys, threading
+from rllib_amp import cli, fs
+atexit.register(lambda: print("earlier exit handler ran", flush=True))
+def never_returns():
+    print("waiting", flush=True)
+    threading.Event().wait()
+def wait(argv):
+    fs.bounded(never_returns, "s3://never", timeout_s=600)
+    return 0
+if sys.argv[1] == "command":
+    cli.run_as_command()
+    sys.exit(cli.main_wrapper("prog", wait, []))
+try:
+    with cli.signals_as_interrupts():
+        wait([])
+except fs.RemoteCallInterrupted as e:
+    print(f"library: signum={e.signum}: {e}", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_signal_during_a_remote_wait_exits_with_its_status_and_only_a_command_is_forced():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cases = [(m, s) for m in ("command", "library") for s in (signal.SIGINT, signal.SIGTERM)]
+    procs = {}
+    for mode, signum in cases:  # all at once: each start is an interpreter and pyarrow
+        procs[mode, signum] = subprocess.Popen(
+            [sys.executable, "-c", _WAITER, mode], cwd=root, text=True,
+            env=dict(os.environ, PYTHONPATH=root),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+    for proc in procs.values():
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "waiting", proc.communicate(timeout=60)
+    time.sleep(0.5)  # the main threads are in bounded's wait by now
+    for (_, signum), proc in procs.items():
+        proc.send_signal(signum)
+    for (mode, signum), proc in procs.items():
+        out, err = proc.communicate(timeout=60)
+        label = f"{mode} {signal.Signals(signum).name}: {out}{err}"
+        assert "Traceback" not in err, label
+        if mode == "command":  # the shells' status for that signal, not always 130
+            assert proc.returncode == 128 + signum, label
+        else:  # a library caller's process: its own status, its exit handlers run
+            assert proc.returncode == 3, label
+            assert f"library: signum={int(signum)}: interrupted while waiting for s3://never" in out
+            assert "earlier exit handler ran" in out, label
+
+
 def test_a_warm_start_source_that_cannot_be_opened_is_one_line(monkeypatch):
     from rllib_amp.scaling.warm_start import read_scaler_states
     from tests.cluster.s3 import closed_port
