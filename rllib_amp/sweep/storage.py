@@ -21,10 +21,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rllib_amp import fs as files
@@ -116,15 +117,17 @@ def _open(location: str, where: str) -> tuple[Any, str]:
         ) from None
 
 
-# endpoint (scheme, host, query) -> None once it answered, or the StorageError it gave.
-_reached: dict[tuple[str, str, str], StorageError | None] = {}
+# Endpoints (scheme, host, query) that answered in this process. Only answers are kept: a
+# failure (a blip, a server still starting) is asked again at the next check.
+_reached: set[tuple[str, str, str]] = set()
 
 
 def check_reachable(location: str, *, where: str = "--storage-path") -> None:
     """StorageError with one line naming ``location``, the cause and the fix when its
     endpoint does not answer within the remote timeout (``rllib_amp.fs.remote_timeout_s``):
     a closed port, a server that never answers, missing credentials. Local paths, and
-    endpoints that answered before in this process, are not asked again.
+    endpoints that answered before in this process, are not asked again; an endpoint that
+    failed is asked again at the next call.
 
     Example:
         >>> check_reachable("/tmp")  # local: nothing to reach
@@ -133,19 +136,56 @@ def check_reachable(location: str, *, where: str = "--storage-path") -> None:
         return
     u = urllib.parse.urlparse(location)
     key = (u.scheme, u.netloc, u.query)
-    if key not in _reached:
-        try:
-            files.probe(location)
-            _reached[key] = None
-        except (OSError, ValueError) as e:
-            _reached[key] = StorageError(
-                f"{where}: cannot reach {location} ({_first_line_of(e)}); check that its "
-                f"endpoint is up and reachable from this machine and the credentials, or "
-                f"pass another {where}"
-            )
-    error = _reached[key]
-    if error is not None:
-        raise StorageError(str(error))
+    if key in _reached:
+        return
+    try:
+        files.probe(location)
+    except (OSError, ValueError) as e:
+        raise StorageError(
+            f"{where}: cannot reach {location} ({_first_line_of(e)}); check that its "
+            f"endpoint is up and reachable from this machine and the credentials, or "
+            f"pass another {where}"
+        ) from None
+    _reached.add(key)
+
+
+# errno values that say the storage itself refused a write: a full disk, a read-only mount,
+# a quota, no permission.
+FAILED_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES})
+
+
+def failed(error: BaseException, exp_dir: str) -> bool:
+    """Whether ``error`` (an OSError out of Tune's run) is the storage at ``exp_dir`` failing,
+    rather than anything else that raised an OSError (a file of the trials' own, a socket).
+
+    True when its errno says the storage refused a write (``FAILED_ERRNOS``) on a path under
+    a local ``exp_dir``, or when the storage fails a fresh check now: its endpoint does not
+    answer (``check_reachable``, asked again) or a marker cannot be written to ``exp_dir``.
+
+    Example:
+        >>> import tempfile
+        >>> failed(OSError("unrelated"), tempfile.mkdtemp())
+        False
+    """
+    code = getattr(error, "errno", None)
+    if code in FAILED_ERRNOS and not is_uri(exp_dir):
+        names = [getattr(error, "filename", None), getattr(error, "filename2", None)]
+        root = files.local_path(exp_dir)
+        for name in names:
+            if isinstance(name, str) and _is_within(files.local_path(name), root):
+                return True
+    try:
+        check_reachable(exp_dir)
+        marker = join(exp_dir, f".rllib-amp-storage-check-{secrets.token_hex(8)}")
+        write_bytes(marker, b"x")
+        delete_file(marker)
+    except (OSError, StorageError):
+        return True
+    return False
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def join(location: str, *parts: str) -> str:
@@ -312,9 +352,11 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
 PARTIAL_SUFFIX = ".rllib-amp-partial"
 
 
-def keep_files_whole() -> None:
-    """From now on, in this process, Tune replaces each file it uploads to a local or
-    mounted storage whole or not at all: a full disk mid-run keeps the last complete copy.
+@contextlib.contextmanager
+def keep_files_whole() -> Iterator[None]:
+    """Within it, Tune replaces each file it uploads to a local or mounted storage whole or
+    not at all: a full disk mid-run keeps the last complete copy. Tune's copy function comes
+    back when it ends (also on an exception), so nothing else in the process is changed.
 
     Tune copies its experiment state, every trial's ``result.json`` and its error files
     from the driver's staging folder to the storage again and again, writing over the file
@@ -323,15 +365,21 @@ def keep_files_whole() -> None:
     to ``<name>.rllib-amp-partial`` first and is renamed over the old one once complete.
     Object stores (S3, GCS) replace an object only on a complete upload already and are
     left as they are; so are the trials' own checkpoint uploads (new folders, which the
-    checkpoint manifest covers). Idempotent.
+    checkpoint manifest covers). Nested uses wrap once.
+
+    It replaces ``ray.train._internal.storage._pyarrow_fs_copy_files``, which that module's
+    ``_upload_to_fs_path`` calls and which Tune's controller and experiment state use
+    (tests/unit/sweep/test_storage.py pins both, and that Tune imports that module).
 
     Example:
-        >>> keep_files_whole()  # doctest: +SKIP
+        >>> with keep_files_whole():  # doctest: +SKIP
+        ...     tuner.fit()
     """
     from ray.train._internal import storage as train_storage
 
     copy = train_storage._pyarrow_fs_copy_files
     if getattr(copy, "_rllib_amp_whole", False):
+        yield
         return
 
     def copy_whole(source: Any, destination: Any, **kwargs: Any) -> Any:
@@ -347,6 +395,10 @@ def keep_files_whole() -> None:
 
     copy_whole._rllib_amp_whole = True  # type: ignore[attr-defined]
     train_storage._pyarrow_fs_copy_files = copy_whole  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        train_storage._pyarrow_fs_copy_files = copy  # type: ignore[assignment]
 
 
 def _file_pairs(source_fs: Any, source: str, destination: str) -> list[tuple[str, str]]:

@@ -108,3 +108,32 @@ def test_rows_record_each_trials_seed_and_the_base_seed_and_its_settled_scale():
     # No scale in the fakes' histories: the settled scale is the final one.
     assert by_id["a0000_00001"]["settled_scale"] == 65536.0
     assert by_id["a0000_00001"]["env_steps"] == 3000.0
+
+
+def test_an_env_error_that_mentions_a_server_is_not_a_storage_fault(tmp_path):
+    """Only a trial's root error line of an OSError type names the storage: an env or server
+    failure that mentions "Could not connect to server" keeps results.parquet, the figure and
+    the recommendation."""
+    rows = [
+        {"trial_id": "a_00000", "error": "RuntimeError: env server: Could not connect to server"},
+        {"trial_id": "a_00001", "error": "ConnectionRefusedError: Could not connect to server"},
+        {"trial_id": "a_00002", "error": "ValueError: [Errno 28] No space left on device?"},
+        {"trial_id": "a_00003", "error": None},
+    ]
+    assert summary.storage_fault(str(tmp_path), rows) is None
+    stopped = {"trial_id": "a_00004", "error": "OSError: AWS Error NETWORK_CONNECTION during x"}
+    line = summary.storage_fault(str(tmp_path), [*rows, stopped])
+    assert line is not None and line.endswith("trial(s) a_00004 stopped on it"), line
+    assert summary.stopped_on_storage("OSError: [Errno 28] No space left on device")
+    assert summary.stopped_on_storage("RuntimeError: Unable to set up cluster storage with x")
+
+
+def test_results_are_still_tried_on_a_storage_that_failed(tmp_path):
+    rows = [{"trial_id": "a_00000", "error": "OSError: [Errno 28] No space left on device"}]
+    path = str(tmp_path / "results.parquet")
+    assert summary.try_write_parquet(rows, path)
+    assert pd.read_parquet(path)["trial_id"].tolist() == ["a_00000"]
+    blocked = tmp_path / "file"  # a file where the experiment folder should be
+    blocked.write_text("x")
+    assert not summary.try_write_parquet(rows, str(blocked / "results.parquet"))
+    assert blocked.read_text() == "x"
