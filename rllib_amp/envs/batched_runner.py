@@ -177,6 +177,27 @@ class _Arrays:
         return [dict(zip(self.info_keys, values, strict=True)) for values in zip(*columns)]
 
 
+def _to_numpy(out: dict[str, Any]) -> dict[str, Any]:
+    """RLlib's TensorToNumpy (``convert_to_numpy``: int64 -> int32, float64 -> float32) for a
+    flat dict of batched tensors, without its tree walk; anything else goes through it.
+
+    Example:
+        >>> _to_numpy({"a": torch.tensor([1, 2]), "b": torch.ones(2, dtype=torch.float64)})
+        {'a': array([1, 2], dtype=int32), 'b': array([1., 1.], dtype=float32)}
+    """
+    arrays: dict[str, Any] = {}
+    for key, value in out.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return convert_to_numpy(out)  # type: ignore[return-value]
+        array = value.detach().cpu().numpy()
+        if np.issubdtype(array.dtype, np.floating):
+            array = array.astype(np.float32, copy=False)
+        elif np.issubdtype(array.dtype, int):
+            array = array.astype(np.int32, copy=False)
+        arrays[key] = array
+    return arrays
+
+
 def _items(buffer: InfiniteLookbackBuffer) -> Any:
     """All of a buffer's data (lookback included) as one array, or None when empty."""
     data = buffer.data
@@ -327,7 +348,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 out[Columns.ACTIONS] = dist.sample()
                 if Columns.ACTION_LOGP not in out:
                     out[Columns.ACTION_LOGP] = dist.logp(out[Columns.ACTIONS])
-            arrays: dict[str, Any] = convert_to_numpy(out)  # type: ignore[assignment]
+            arrays = _to_numpy(out)
             actions = arrays.pop(Columns.ACTIONS)
             arrays.pop(Columns.ACTIONS_FOR_ENV, None)
         return actions, arrays

@@ -15,6 +15,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 
 from rllib_amp import experiment as E
 from rllib_amp.envs import atari
+from rllib_amp.envs.batched_runner import BatchedAleEnvRunner
 from rllib_amp.envs.models import Uint8ImageInput
 from tests.integration.common import all_finite, learner, same, weights
 
@@ -64,6 +65,9 @@ def ppo(ray_local):
 
 def test_ppo_on_the_native_env_trains_on_uint8_batches(ppo):
     assert ppo.config.env is atari.AleVectorEnv
+    # The batched sampler is the native path's default, and it does not fall back here.
+    assert isinstance(ppo.env_runner, BatchedAleEnvRunner)
+    assert ppo.env_runner.batched_unsupported is None
     seen = record_network_inputs(ppo)
     before = weights(ppo)
     ppo.train()
@@ -105,6 +109,7 @@ def test_pong_dqn_batchnorm_on_the_native_env_keeps_uint8_in_the_replay_buffer()
     cfg.reporting(min_sample_timesteps_per_iteration=0, min_time_s_per_iteration=0)
     a = cfg.build_algo()
     try:
+        assert isinstance(a.env_runner, BatchedAleEnvRunner)
         lrn = learner(a)
         module = lrn.module["default_policy"]
         norms = [m for m in module.modules() if isinstance(m, torch.nn.BatchNorm2d)]
