@@ -36,13 +36,16 @@ from rllib_amp.cli import (
     UsageError,
     interrupted_line,
     main_wrapper,
+    may_end_process,
     root_error,
+    run_as_command,
     signal_exit_status,
 )
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.ray_address import (
+    RayDied,
     RayWatch,
     end_local_ray,
     probe_address,
@@ -201,7 +204,14 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
 
     # A second signal must not cut the summary short either; the lock outlives both.
     with R.locks_released(), T.StopOnSignals() as stop:
-        watch = RayWatch(on_death=stop.ray_died, on_stuck=partial(_ray_died_stuck, stop))
+        # Only the command's own process may be ended when the sweep is stuck on a dead Ray;
+        # a library call (a notebook, a service, a worker thread) gets RayDied instead.
+        end_process = may_end_process()
+        watch = RayWatch(
+            on_death=stop.ray_died,
+            on_stuck=partial(_ray_died_stuck, stop, end_process),
+            end_process=end_process,
+        )
         try:
             if name is not None:  # a new run's name is locked as it is taken
                 R.lock(storage, name, "--resume" if args.resume else "--name")
@@ -215,6 +225,10 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
                 )
         except KeyboardInterrupt as e:  # a signal, or Ray's death, before Tune's loop
             return _stopped_before_trials(stop, e)
+        except RayDied:  # a library call: said, and raised to the caller
+            line = _ray_died_line(stop)
+            _say(line)
+            raise RayDied(line) from None
         except S.StorageFailed as e:  # said once, as the summary would: no grid to show
             _say(f"{e}; fix it, then continue with: {stop.resume_command}")
             return 1
@@ -245,11 +259,15 @@ def _ray_died_line(stop: Any) -> str:
     return f"Ray died under the sweep ({stop.ray_dead}); its trials stopped with it; {then}"
 
 
-def _ray_died_stuck(stop: Any, what: str) -> None:
-    """The main thread is stuck in a call to the dead Ray (``RayWatch`` ends the process with
-    status 1 after this): the line, the locks released, the local Ray's other processes
-    ended (they outlive a driver that exits this way)."""
+def _ray_died_stuck(stop: Any, end_process: bool, what: str) -> None:
+    """The sweep's thread is stuck in a call to the dead Ray. The command's process
+    (``end_process``: ``RayWatch`` ends it with status 1 after this): the line, the locks
+    released, the local Ray's other processes ended (they outlive a driver that exits this
+    way). A library call: ``RayDied`` raised in the sweep's thread, which says the line."""
     stop.ray_dead = stop.ray_dead or what
+    if not end_process:
+        stop.raise_ray_died()
+        return
     _say(_ray_died_line(stop))
     for location in list(R._held):
         R.unlock(location)
@@ -347,7 +365,9 @@ def _tune(
         name = name or R.new_run_name(exp.name, storage)
         try:
             tuner = _build_tuner(exp, args, storage, name, spec)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, RayDied)) and not args.resume:
+                _discard_unstarted(storage, name)  # Tune's tuner.pkl, experiment.yaml, the lock
             if new:
                 R.release(storage, name)  # only if empty: Tune wrote nothing there yet
             raise
@@ -357,7 +377,7 @@ def _tune(
             grid, interrupted = T.fit(tuner)
         except OSError as e:  # Tune reading back a storage that failed under the trials
             raise S.StorageFailed(S.join(storage, name), e) from None
-        except KeyboardInterrupt:  # before Tune's loop: it saved no experiment state
+        except (KeyboardInterrupt, RayDied):  # before Tune's loop: no experiment state saved
             if not args.resume and _discard_unstarted(storage, name):
                 stop.resume_command = None
             raise
@@ -518,4 +538,5 @@ def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
+    run_as_command()  # this process is the command (as python -m rllib_amp.tune)
     raise SystemExit(main())

@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from typing import Any
 
 from rllib_amp.cli import Interrupted, UsageError, root_error
 
@@ -158,29 +159,69 @@ def start_ray(address: str | None, where: str) -> None:
 
 
 # -- Ray dying under the sweep ---------------------------------------------------------------
-# How often the sweep checks the Ray it runs on; how long a cluster's GCS may stay silent
-# before the cluster counts as gone (a busy head answers late, a dead one never); how long
-# Tune gets to save the experiment state once Ray died before the command ends anyway
-# (under Ray's own 60 s, after which a driver that lost its GCS exits with a C++ fatal log).
+# How often the sweep checks the Ray it runs on: its own local Ray's processes every second
+# (a PID poll, free); a cluster's GCS every 5 s (one small RPC per driver). A cluster's GCS
+# silent for as long as Ray itself waits for it (``gcs_rpc_server_reconnect_timeout_s``, 60 s
+# by default; past it Ray ends its own processes and drivers) is gone: a GCS that restarts
+# within it (GCS fault tolerance, KubeRay's HA head) is waited for, as Ray waits. How long
+# Tune gets to save the experiment state once Ray died before a command stuck in a call to
+# the dead Ray is ended anyway (only a command's process: see ``end_process``).
 RAY_WATCH_PERIOD_S = 1.0
-GCS_SILENCE_S = 30.0
+CLUSTER_WATCH_PERIOD_S = 5.0
+GCS_RECONNECT_CONFIG = "gcs_rpc_server_reconnect_timeout_s"  # Ray's RAY_CONFIG
+GCS_RECONNECT_DEFAULT_S = 60.0  # its default in Ray 2.60 (src/ray/common/ray_config_def.h)
+GCS_QUERY_TIMEOUT_S = 5.0
 RAY_DEATH_GRACE_S = 40.0
 _WATCHED = ("raylet", "gcs_server")  # ray_constants.PROCESS_TYPE_RAYLET, _GCS_SERVER
 
 
+class RayDied(RuntimeError):
+    """The Ray a sweep ran on died under it, and the sweep runs in a library call (not the
+    command's process, which ``RayWatch`` may end): raised in the thread that runs the sweep.
+    Its message names what died and the ``--resume`` command."""
+
+
+def gcs_silence_limit_s() -> float:
+    """How long a cluster's GCS may stay silent before the cluster counts as gone: Ray's own
+    reconnect timeout, as the cluster (``ray start --system-config``), then this process's
+    ``RAY_gcs_rpc_server_reconnect_timeout_s`` set it, else Ray's default (60 s).
+
+    Example:
+        >>> gcs_silence_limit_s()  # doctest: +SKIP
+        60.0
+    """
+    import ray
+
+    candidates: list[object] = []
+    with contextlib.suppress(Exception):  # no GCS to ask (yet), or another Ray's API
+        candidates.append(ray._private.state.state.get_system_config().get(GCS_RECONNECT_CONFIG))
+    candidates.append(os.environ.get(f"RAY_{GCS_RECONNECT_CONFIG}"))
+    for value in candidates:
+        try:
+            limit = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if limit > 0:
+            return limit
+    return GCS_RECONNECT_DEFAULT_S
+
+
 class RayWatch:
-    """Checks every second, in a daemon thread, that the Ray the sweep runs on is alive, and
-    calls ``on_death(what)`` once when it is not (``what``: which process died, and how).
-    Without it a sweep whose raylet or GCS died hangs ("Cluster resources not detected") or
-    ends in tracebacks ("Failed to get node info ... Deadline Exceeded").
+    """Checks, in a daemon thread, that the Ray the sweep runs on is alive, and calls
+    ``on_death(what)`` once when it is not (``what``: which process died, and how). Without it
+    a sweep whose raylet or GCS died hangs ("Cluster resources not detected") or ends in
+    tracebacks ("Failed to get node info ... Deadline Exceeded").
 
-    A local Ray this process started is watched through its processes: the raylet or the GCS
-    server exiting is death, known at once. A cluster (``--address``) is watched through its
-    GCS: this node's raylet marked dead, or no answer for ``GCS_SILENCE_S``.
+    A local Ray this process started is watched through its processes, every second: the
+    raylet or the GCS server exiting is death, known at once. A cluster (``--address``) is
+    watched through its GCS, every ``CLUSTER_WATCH_PERIOD_S``: this node's raylet marked dead,
+    or no answer for as long as Ray waits for its GCS (``gcs_silence_limit_s``).
 
-    If the watch is not released ``grace_s`` after ``on_death`` (the main thread stuck in a
-    call to the dead Ray), ``on_stuck(what)`` runs in the watch thread and the process exits
-    with status 1: a dead Ray never leaves the command hanging.
+    If the watch is not released ``grace_s`` after ``on_death`` (the sweep's thread stuck in a
+    call to the dead Ray), ``on_stuck(what)`` runs in the watch thread; with ``end_process``
+    (only the command's own process: ``rllib_amp.cli.may_end_process``) the process then
+    exits with status 1, so a dead Ray never leaves the command hanging. In a library call
+    the caller's process is never ended. Once ``release`` returned, neither callback runs.
 
     Example:
         >>> with RayWatch(on_death=print, on_stuck=print) as watch:  # doctest: +SKIP
@@ -192,22 +233,29 @@ class RayWatch:
         self,
         on_death: Callable[[str], None],
         on_stuck: Callable[[str], None],
-        period_s: float = RAY_WATCH_PERIOD_S,
+        period_s: float | None = None,
         grace_s: float = RAY_DEATH_GRACE_S,
+        end_process: bool = False,
     ) -> None:
         self.on_death = on_death
         self.on_stuck = on_stuck
-        self.period_s = period_s
+        self.period_s = period_s  # None: by what is watched (RAY_WATCH_PERIOD_S, cluster's)
         self.grace_s = grace_s
+        self.end_process = end_process
+        self.silence_s = GCS_RECONNECT_DEFAULT_S
         self.dead: str | None = None
         self._checking = threading.Event()
         self._released = threading.Event()
+        self._calling = threading.Lock()  # held while a callback runs: release waits for it
         self._thread: threading.Thread | None = None
         self._last_answer = time.monotonic()
         self._watch_cluster = True
+        self._selectors: list[Any] | None = None
 
     def start(self) -> None:
         """Starts checking (once Ray is up)."""
+        if self._local_processes() is None:
+            self.silence_s = gcs_silence_limit_s()
         self._checking.set()
         self._last_answer = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rllib_amp-ray-watch", daemon=True)
@@ -218,9 +266,11 @@ class RayWatch:
         self._checking.clear()
 
     def release(self) -> None:
-        """The command is past its calls to Ray: no forced exit from now on."""
+        """The command is past its calls to Ray: no callback and no forced exit from now on
+        (one already running finishes first)."""
         self._checking.clear()
-        self._released.set()
+        with self._calling:
+            self._released.set()
 
     def __enter__(self) -> RayWatch:
         return self
@@ -228,14 +278,26 @@ class RayWatch:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def check(self) -> str | None:
-        """What of the Ray died (``"its raylet (pid 123) was killed by SIGKILL"``), or None
-        while it lives."""
+    def period(self) -> float:
+        """Seconds between checks: ``period_s``, else by what is watched."""
+        if self.period_s is not None:
+            return self.period_s
+        return RAY_WATCH_PERIOD_S if self._local_processes() else CLUSTER_WATCH_PERIOD_S
+
+    @staticmethod
+    def _local_processes() -> dict[str, Any] | None:
+        """The processes of the local Ray this process started, None for a joined cluster."""
         import ray
 
         node = getattr(ray._private.worker, "_global_node", None)
         processes = getattr(node, "all_processes", None) or {}
-        if any(kind in processes for kind in _WATCHED):
+        return processes if any(kind in processes for kind in _WATCHED) else None
+
+    def check(self) -> str | None:
+        """What of the Ray died (``"its raylet (pid 123) was killed by SIGKILL"``), or None
+        while it lives."""
+        processes = self._local_processes()
+        if processes is not None:
             for kind in _WATCHED:
                 for info in processes.get(kind, []):
                     status = info.process.poll()
@@ -251,14 +313,25 @@ class RayWatch:
             return None
         try:
             gcs = getattr(ray._private.worker.global_worker, "gcs_client")  # noqa: B009
-            nodes = gcs.get_all_node_info(timeout=5)
             mine = ray.get_runtime_context().get_node_id()
-        except (AttributeError, TypeError, NameError):
+            if self._selectors is None:
+                from ray._raylet import NodeID
+                from ray.core.generated.gcs_service_pb2 import (  # type: ignore[attr-defined]
+                    GetAllNodeInfoRequest,
+                )
+
+                node = NodeID.from_hex(mine).binary()
+                self._selectors = [GetAllNodeInfoRequest.NodeSelector(node_id=node)]
+            # This node's entry only: not the whole node table from every driver.
+            nodes = gcs.get_all_node_info(
+                timeout=GCS_QUERY_TIMEOUT_S, node_selectors=self._selectors
+            )
+        except (AttributeError, TypeError, NameError, ImportError):
             self._watch_cluster = False  # another Ray's API: no watch rather than a false alarm
             return None
         except Exception:  # noqa: BLE001 - unreachable, timed out, shut down: judged by silence
             silent = time.monotonic() - self._last_answer
-            if silent >= GCS_SILENCE_S:
+            if silent >= self.silence_s:
                 return f"its GCS has not answered for {silent:.0f} s"
             return None
         self._last_answer = time.monotonic()
@@ -269,8 +342,9 @@ class RayWatch:
 
     def _run(self) -> None:
         what = None
+        period = self.period()
         while what is None:
-            if self._released.wait(self.period_s) or not self._checking.is_set():
+            if self._released.wait(period) or not self._checking.is_set():
                 return
             try:
                 what = self.check()
@@ -279,13 +353,24 @@ class RayWatch:
             if not self._checking.is_set():
                 return  # stopped while checking: ray.shutdown may have ended the processes
         self.dead = what
-        self.on_death(what)
+        if not self._call(self.on_death, what):
+            return
         if self._released.wait(self.grace_s):
             return
-        try:
-            self.on_stuck(what)
-        finally:
+        if self._call(self.on_stuck, what) and self.end_process:
             os._exit(1)
+
+    def _call(self, callback: Callable[[str], None], what: str) -> bool:
+        """``callback(what)`` unless released; False once released."""
+        with self._calling:
+            if self._released.is_set():
+                return False
+            try:
+                callback(what)
+            except Exception:  # noqa: BLE001 - the watch thread has no one to raise to
+                if not self.end_process:
+                    raise
+            return True
 
 
 def end_local_ray() -> None:

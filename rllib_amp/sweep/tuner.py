@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import ctypes
 import logging
 import math
 import os
@@ -25,6 +26,7 @@ from rllib_amp.cli import Interrupted
 from rllib_amp.learner import metrics as M
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import storage as S
+from rllib_amp.sweep.ray_address import RayDied
 from rllib_amp.sweep.summary import amp_metric_key, config_path
 
 # Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
@@ -150,7 +152,7 @@ class StopOnSignals:
     none. ``ray_died``: the Ray the sweep runs on died (``RayWatch``): Tune is stopped the
     same way, ``ray_dead`` says what died. ``resume_command``: the command that continues
     the run, once there is something to continue. Outside the main thread it installs
-    nothing."""
+    nothing, and Ray's death raises ``RayDied`` in the thread that entered it."""
 
     def __init__(self) -> None:
         self.signum = 0
@@ -161,9 +163,11 @@ class StopOnSignals:
         self._previous: dict[int, Any] = {}
         self._before_tune: Any = None
         self._disabled: str | None = None
+        self._thread_id = threading.get_ident()
 
     def __enter__(self) -> StopOnSignals:
         _active.append(self)
+        self._thread_id = threading.get_ident()
         if threading.current_thread() is not threading.main_thread():
             return self
         self._before_tune = signal.getsignal(signal.SIGUSR1)
@@ -197,10 +201,23 @@ class StopOnSignals:
 
     def ray_died(self, what: str) -> None:
         """Called from the thread that watches Ray: stops Tune (or, before its loop, the
-        command) in the main thread, as Ctrl-C would, and records ``what`` died."""
+        command) in the main thread, as Ctrl-C would, and records ``what`` died. Without
+        handlers (a library call off the main thread, where neither this nor Tune can catch
+        a signal) it raises ``RayDied`` in the sweep's thread instead: Tune's loop ends there
+        (its last periodic experiment state is what ``--resume`` continues)."""
         self.ray_dead = what
         if self._previous:
             _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
+        else:
+            self.raise_ray_died()
+
+    def raise_ray_died(self) -> None:
+        """Raises ``RayDied`` in the thread that entered this object, at its next Python
+        instruction (a thread blocked inside a C call gets it once the call returns). Called
+        from another thread; never ends the process."""
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self._thread_id), ctypes.py_object(RayDied)
+        )
 
     def _stop(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
