@@ -199,7 +199,6 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
     if address is not None:
         probe_address(address, where)
     S.check_writable(storage)
-    S.keep_files_whole()  # a disk that fills up mid-run keeps the last whole copy of each file
     from rllib_amp.sweep import tuner as T
 
     # A second signal must not cut the summary short either; the lock outlives both.
@@ -374,8 +373,11 @@ def _tune(
         stop.resume_command = R.resume_command(args, exp, name, storage)
         notices.release()
         try:
-            grid, interrupted = T.fit(tuner)
-        except OSError as e:  # Tune reading back a storage that failed under the trials
+            with S.keep_files_whole():  # a disk that fills up keeps each file's last whole copy
+                grid, interrupted = T.fit(tuner)
+        except OSError as e:  # Tune reading back a storage that failed under the trials?
+            if not S.failed(e, S.join(storage, name)):
+                raise
             raise S.StorageFailed(S.join(storage, name), e) from None
         except (KeyboardInterrupt, RayDied):  # before Tune's loop: no experiment state saved
             if not args.resume and _discard_unstarted(storage, name):
@@ -449,8 +451,10 @@ def _report(
     exp_dir = S.join(storage, name)
     rows = summary.summarize(exp, grid, storage)
     fault = summary.storage_fault(exp_dir, rows)
-    if fault is not None:  # said once; nothing more is written to a storage that fails
+    if fault is not None:  # said once; only the results are tried on a storage that fails
         print(summary.format_table(exp, rows))
+        if summary.try_write_parquet(rows, S.join(exp_dir, RESULTS_FILE)):
+            print(f"Results: {S.join(exp_dir, RESULTS_FILE)}")
         resume = R.resume_command(args, exp, name, storage)
         _say(f"{fault}; free space or fix the storage, then continue with: {resume}")
         return signal_exit_status(interrupted) if interrupted else 1

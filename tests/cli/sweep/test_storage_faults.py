@@ -146,15 +146,8 @@ def test_more_unreachable_remotes_before_any_trial_are_one_line_and_exit_2(tmp_p
     _unreachable(tmp_path, ("warm s3 closed", "warm hdfs", "resume s3 silent"))
 
 
-@pytest.mark.parametrize(
-    "signum",
-    [
-        signal.SIGINT,
-        # SIGTERM takes the same path (cli.Interrupted), with its own status; unit-tested
-        # without RLlib in tests/unit/test_fs.py: one more CLI start here, 15-30 s.
-        pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
-    ],
-)
+# SIGTERM (cli.Interrupted) exits 143, never the 130 of Ctrl-C: 3-5 s each (--dry-run).
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_while_a_remote_never_answers_is_exit_130(tmp_path, signum):
     """Ctrl-C is 130; SIGTERM 143 (as main_wrapper says, never overridden by the forced
     exit that keeps pyarrow from waiting for the stuck call)."""
