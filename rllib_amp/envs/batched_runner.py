@@ -431,11 +431,15 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
     ) -> SingleAgentEpisode:
         """``base`` (reset, maybe with a lookback) plus the steps ``rows`` of ``env``, numpy."""
         lookback = base.observations.lookback
-        new_obs = np.stack([arrays.obs[s][env] for s in rows])  # (T, stack, 84, 84)
+        # One copy of each frame stack, in ALE's memory order (T, stack, 84, 84); the episode
+        # holds a channels-last view, the env's observation space.
         old_obs = _items(base.observations)
-        old_obs = np.moveaxis(old_obs, -1, 1) if old_obs is not None else None
-        # Channels-last like the env's observation space; memory stays ALE's frame order.
-        observations = np.moveaxis(_join(old_obs, new_obs), 1, -1)
+        num_old = 0 if old_obs is None else len(old_obs)
+        frames = np.empty((num_old + len(rows), *arrays.obs[0].shape[1:]), arrays.obs[0].dtype)
+        if old_obs is not None:
+            frames[:num_old] = np.moveaxis(old_obs, -1, 1)
+        np.stack([arrays.obs[s][env] for s in rows], out=frames[num_old:])
+        observations = np.moveaxis(frames, 1, -1)
         last = int(rows[-1])
         extras: dict[str, InfiniteLookbackBuffer] = {}
         for key, values in {**arrays.extras, WEIGHTS_SEQ_NO: None}.items():
