@@ -18,8 +18,10 @@ Figures (``figures``), on the workloads of ``workloads.WORKLOADS``:
      per EnvRunner (one batched forward pass per step for all of them);
   4. (with PPO) the learner's fixed cost per minibatch step (``fixed_cost``): a PPO update
      of a tiny network (CartPole, MLP [8], batch 4096, minibatch 256), in ms per step, the
-     difference of a 5-epoch and a 1-epoch update on one torch thread: Python, RLlib's and
-     the scaler's bookkeeping, which a GPU pays on every minibatch;
+     difference of a 5-epoch and a 1-epoch update over the difference in optimizer steps
+     the learner took, on one torch thread: Python, RLlib's and the scaler's bookkeeping,
+     which a GPU pays on every minibatch (alone, raw figures kept:
+     ``python -m rllib_amp.bench.fixed_cost_run``);
   5. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
      fixed number of env steps.
 

@@ -9,11 +9,17 @@ The figure is ms per minibatch step, from the difference of two updates on the s
 that differ only in their number of epochs: the learner connector's pass (GAE), the update's
 set-up and its metrics reduce are paid once by both and cancel, so what is left is the
 per-minibatch loop (minibatch gather, forward, loss, backward, unscale, clip, step, and the
-per-minibatch metrics).
+per-minibatch metrics). The steps are counted from the learner (``StepCounter``), not from
+the batch size: PPO's learner connector adds one timestep per episode
+(``AddOneTsToEpisodesAndTruncate``), so a batch of 4096 env steps trains on 4096 plus the
+number of episodes rows, and RLlib's cyclic iterator takes more than 16 minibatches an epoch.
+
+Each repetition's raw figures (the two updates' seconds and counted steps) are kept: ``python
+-m rllib_amp.bench.fixed_cost_run`` writes them into a JSON file (docs/bench/fixed_cost.json).
 
 Example:
-    >>> FIXED_COST.minibatch_steps(FIXED_COST.epochs[1]) - FIXED_COST.minibatch_steps(1)
-    64
+    >>> FIXED_COST.label()
+    'PPO CartPole-v1, MLP [8], batch 4096, minibatch 256'
 """
 
 from __future__ import annotations
@@ -44,10 +50,6 @@ class FixedCostWorkload(NamedTuple):
     batch: int
     minibatch: int
     epochs: tuple[int, int]
-
-    def minibatch_steps(self, epochs: int) -> int:
-        """Optimizer steps of one update over ``epochs`` passes (RLlib's cyclic iterator)."""
-        return epochs * -(-self.batch // self.minibatch)
 
     def label(self) -> str:
         net = "x".join(str(h) for h in self.hiddens)
@@ -114,8 +116,49 @@ def build_fixed_cost_learner(
     return cfg.build_learner(spaces=spaces)
 
 
-def timed_update(learner: Any, episodes: Any, epochs: int, work: FixedCostWorkload) -> float:
-    """Seconds of one ``Learner.update`` over ``epochs`` (the batch copy is not timed).
+class StepCounter:
+    """The minibatch steps a learner has taken, as the learner itself counts them.
+
+    With rllib-amp, each module's scaler counts its optimizer steps, skipped ones (an
+    inf/nan under float16) included: the most of any module. Without, a post-step hook on
+    each of the learner's optimizers counts its ``step()`` calls: the most of any optimizer
+    (a module's optimizers step together, once per minibatch). Read it before and after an
+    update, outside the timed part.
+    """
+
+    def __init__(self, learner: Any) -> None:
+        self._scalers = dict(getattr(learner, "amp_scalers", {}) or {})
+        self._calls: dict[int, int] = {}
+        self._handles: list[Any] = []
+        if not self._scalers:
+            for mid, _ in learner.module.items():
+                for _, opt in learner.get_optimizers_for_module(mid):
+                    self._calls[id(opt)] = 0
+                    self._handles.append(opt.register_step_post_hook(self._hook(id(opt))))
+
+    def _hook(self, key: int) -> Any:
+        def count(*_: Any) -> None:
+            self._calls[key] += 1
+
+        return count
+
+    def __call__(self) -> int:
+        if self._scalers:
+            return max(s.optimizer_steps_lifetime for s in self._scalers.values())
+        return max(self._calls.values(), default=0)
+
+    def remove(self) -> None:
+        """Takes the hooks off the optimizers."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def timed_update(
+    learner: Any, episodes: Any, epochs: int, work: FixedCostWorkload, steps: StepCounter
+) -> tuple[float, int]:
+    """(seconds, minibatch steps) of one ``Learner.update`` over ``epochs`` (the batch copy
+    is not timed; ``steps`` is read before and after, outside the timed part).
 
     On a GPU, wall time; on a CPU, the CPU time of this thread (the update runs on one torch
     thread): on cores shared with other jobs, wall time would also count the time the
@@ -131,6 +174,7 @@ def timed_update(learner: Any, episodes: Any, epochs: int, work: FixedCostWorklo
     # As timeit does: a collection of the older generations, triggered by whatever allocated
     # last, would land in one update (seen: a 1-epoch update 126 ms slower than a 5-epoch one).
     gc.collect()
+    before = steps()
     gc.disable()
     try:
         t = clock()
@@ -143,39 +187,70 @@ def timed_update(learner: Any, episodes: Any, epochs: int, work: FixedCostWorklo
         )
         if cuda:
             torch.cuda.synchronize()
-        return clock() - t
+        seconds = clock() - t
     finally:
         gc.enable()
+    return seconds, steps() - before
 
 
 def bench_fixed_cost(
     variants: Sequence[str], device: str, reps: int, work: FixedCostWorkload = FIXED_COST
-) -> dict[str, list[float]]:
-    """Seconds per minibatch step, per variant: one value per repetition, each the
-    difference of a long and a short update divided by their difference in steps, variants
-    interleaved in one process after warm-up rounds (``timed_update`` says which clock).
+) -> dict[str, list[dict[str, float]]]:
+    """The raw figures per variant: one record per repetition, variants interleaved in one
+    process after warm-up rounds (``timed_update`` says which clock). A record holds the
+    seconds and counted minibatch steps of the short and the long update, and ``per_step_s``:
+    their difference in seconds over their difference in steps.
 
     Example:
         >>> bench_fixed_cost(("fp32", "amp-auto"), "cpu", reps=5)  # doctest: +SKIP
-        {'fp32': [0.0021, ...], 'amp-auto': [0.0019, ...]}
+        {'fp32': [{'short_s': 0.05, 'short_steps': 17, 'long_s': 0.17, 'long_steps': 85,
+                   'per_step_s': 0.0018}, ...], 'amp-auto': [...]}
     """
     episodes, spaces = sample_batch(work)
     learners = {v: build_fixed_cost_learner(v, device, spaces, work) for v in variants}
+    counters = {v: StepCounter(lrn) for v, lrn in learners.items()}
     short, long = work.epochs
-    steps = work.minibatch_steps(long) - work.minibatch_steps(short)
     for _ in range(WARMUP_ROUNDS):
         for v in variants:
-            timed_update(learners[v], episodes, long, work)
-    out: dict[str, list[float]] = {v: [] for v in variants}
+            timed_update(learners[v], episodes, long, work, counters[v])
+    out: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for rep in range(reps):
         for v in interleaved(variants, rep):
-            t_short = timed_update(learners[v], episodes, short, work)
-            t_long = timed_update(learners[v], episodes, long, work)
-            out[v].append((t_long - t_short) / steps)
+            t_short, n_short = timed_update(learners[v], episodes, short, work, counters[v])
+            t_long, n_long = timed_update(learners[v], episodes, long, work, counters[v])
+            if n_long <= n_short:
+                raise RuntimeError(
+                    f"fixed cost, {v}: the {long}-epoch update took {n_long} optimizer steps, "
+                    f"the {short}-epoch one {n_short}; nothing to difference"
+                )
+            out[v].append(
+                {
+                    "short_s": t_short,
+                    "short_steps": n_short,
+                    "long_s": t_long,
+                    "long_steps": n_long,
+                    "per_step_s": (t_long - t_short) / (n_long - n_short),
+                }
+            )
+    for c in counters.values():
+        c.remove()
     return out
 
 
-def fixed_cost_cell(variants: Sequence[str], device: str, reps: int) -> dict[str, list[float]]:
+def per_step_seconds(records: Sequence[Any]) -> list[float]:
+    """Seconds per minibatch step of each repetition; a bare number is taken as that (the
+    JSON of runs before the raw records were kept).
+
+    Example:
+        >>> per_step_seconds([0.002, {"per_step_s": 0.003}])
+        [0.002, 0.003]
+    """
+    return [float(r["per_step_s"]) if isinstance(r, dict) else float(r) for r in records]
+
+
+def fixed_cost_cell(
+    variants: Sequence[str], device: str, reps: int
+) -> dict[str, list[dict[str, float]]]:
     """``bench_fixed_cost`` for ``in_child``, on one torch thread: the row measures the
     per-step overhead, not arithmetic, and on shared cores a second thread only adds waits at
     each op's thread barrier."""

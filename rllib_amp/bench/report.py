@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
-from rllib_amp.bench.fixed_cost import FIXED_COST
+from rllib_amp.bench.fixed_cost import FIXED_COST, per_step_seconds
 from rllib_amp.bench.workloads import STOCK
 from rllib_amp.cli import UsageError
 from rllib_amp.learner.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpuinfo
@@ -99,7 +99,7 @@ def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
     for key, per in results.get("memory", {}).items():
         add("peak memory of update", key, "MiB", {v: x / 2**20 for v, x in per.items()}, False)
     if results.get("fixed_cost"):
-        per = {v: [1000 * t for t in ts] for v, ts in results["fixed_cost"].items()}
+        per = {v: [1000 * t for t in per_step_seconds(r)] for v, r in results["fixed_cost"].items()}
         add(
             "fixed cost per minibatch step",
             f"{FIXED_COST.label()}, 1 thread",
@@ -239,7 +239,10 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "fixed cost per minibatch step, amp-auto / stock fp32 ms",
-        _med_ratio("fixed_cost", "amp-auto", "fp32"),
+        lambda r: (
+            _median(per_step_seconds(r["fixed_cost"]["amp-auto"]))
+            / _median(per_step_seconds(r["fixed_cost"]["fp32"]))
+        ),
         1.0,
         at_most=True,
     ),

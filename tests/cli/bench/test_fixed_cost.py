@@ -3,16 +3,24 @@ minibatch step, stock float32 against rllib-amp; its row, spread, target and the
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from rllib_amp import bench
-from rllib_amp.bench import command, fixed_cost, report
+from rllib_amp.bench import command, fixed_cost, fixed_cost_run, report
+
+DATA = Path(__file__).parents[3] / "docs" / "bench" / "fixed_cost.json"
 
 
 def test_the_row_is_ms_per_step_with_its_spread_and_the_target_compares_medians():
-    results = {"fixed_cost": {"fp32": [0.002, 0.003, 0.004], "amp-auto": [0.0015, 0.0018, 0.0030]}}
+    """From the raw records a run keeps, or bare seconds per step (JSON written before)."""
+    records = [
+        {"per_step_s": t, "short_steps": 17, "long_steps": 85} for t in (0.0015, 0.0018, 0.0030)
+    ]
+    results = {"fixed_cost": {"fp32": [0.002, 0.003, 0.004], "amp-auto": records}}
     rows = [r for r in bench.rows_from(results) if r["figure"].startswith("fixed cost")]
     by = {r["variant"]: r for r in rows}
     assert by["fp32"]["unit"] == "ms" and by["fp32"]["better_is"] == "lower"
@@ -28,10 +36,34 @@ def test_the_row_is_ms_per_step_with_its_spread_and_the_target_compares_medians(
     assert target["met"] is False
 
 
-def test_the_workload_counts_the_steps_rllibs_cyclic_iterator_takes():
-    work = fixed_cost.FixedCostWorkload("CartPole-v1", (8,), 4096, 256, (1, 5))
-    assert work.minibatch_steps(1) == 16 and work.minibatch_steps(5) == 80
-    assert fixed_cost.FixedCostWorkload("x", (8,), 1000, 256, (1, 2)).minibatch_steps(1) == 4
+def test_the_steps_are_counted_from_what_the_learner_did():
+    """A real tiny update per variant: the counted steps are the optimizer's own (Adam's step
+    count for stock RLlib, a post-step hook for rllib-amp, whose scaler counts them), and
+    more than batch / minibatch: PPO's learner connector adds one timestep per episode."""
+    work = fixed_cost.FixedCostWorkload("CartPole-v1", (8,), 128, 64, (1, 2))
+    episodes, spaces = fixed_cost.sample_batch(work)
+    counted = {}
+    for variant in ("fp32", "amp-auto"):
+        learner = fixed_cost.build_fixed_cost_learner(variant, "cpu", spaces, work)
+        (opt,) = [
+            o for m, _ in learner.module.items() for _, o in learner.get_optimizers_for_module(m)
+        ]
+        hook_calls: list[int] = []
+        opt.register_step_post_hook(lambda *_, calls=hook_calls: calls.append(1))
+        counter = fixed_cost.StepCounter(learner)
+        seconds, counted[variant] = fixed_cost.timed_update(learner, episodes, 1, work, counter)
+        assert seconds > 0
+        if variant == "fp32":
+            assert not getattr(learner, "amp_scalers", {})  # counted by a hook
+            param = opt.param_groups[0]["params"][0]
+            assert counted[variant] == int(opt.state[param]["step"])
+        else:
+            assert learner.amp_scalers  # counted by the scaler
+            assert counted[variant] == len(hook_calls)
+        counter.remove()
+    rows = work.batch + len(episodes)  # one extra timestep per episode
+    assert counted == {"fp32": -(-rows // work.minibatch), "amp-auto": -(-rows // work.minibatch)}
+    assert counted["fp32"] > work.batch // work.minibatch
 
 
 def test_the_cell_runs_when_ppo_is_benchmarked(monkeypatch):
@@ -52,6 +84,29 @@ def test_the_cell_runs_when_ppo_is_benchmarked(monkeypatch):
     assert called == ["throughput_cell", "fixed_cost_cell"]
 
 
+def test_the_docs_table_is_built_from_the_committed_raw_figures():
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    assert {"date", "machine", "command", "runs"} <= set(data)
+    for run in data["runs"]:
+        for records in run["fixed_cost"].values():
+            for r in records:  # every repetition's raw figures, steps counted
+                steps = r["long_steps"] - r["short_steps"]
+                assert r["per_step_s"] == pytest.approx((r["long_s"] - r["short_s"]) / steps)
+    doc = (DATA.parents[1] / "benchmark.md").read_text(encoding="utf-8")
+    assert fixed_cost_run.table(data) in doc
+    assert data["command"] in doc
+
+
+def test_the_run_command_refuses_bad_counts_and_prints_a_files_table(tmp_path, capsys):
+    assert fixed_cost_run.main(["--reps", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--reps: got 0; must be >= 1" in err
+    assert fixed_cost_run.main(["--table", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    assert fixed_cost_run.main(["--table", str(DATA)]) == 0
+    assert "| fp32 (stock RLlib) |" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_a_tiny_run_measures_both_variants_on_the_same_batch():
     """Stock float32 and rllib-amp (auto) learners built from one config each, timed (slow:
@@ -65,4 +120,8 @@ def test_a_tiny_run_measures_both_variants_on_the_same_batch():
     assert learner_classes["amp-auto"].startswith("Amp")
     out = fixed_cost.bench_fixed_cost(("fp32", "amp-auto"), "cpu", reps=1, work=work)
     assert set(out) == {"fp32", "amp-auto"}
-    assert all(len(v) == 1 and math.isfinite(v[0]) for v in out.values())
+    for (record,) in out.values():
+        assert math.isfinite(record["per_step_s"])
+        assert record["long_steps"] > record["short_steps"] > work.batch // work.minibatch
+        steps = record["long_steps"] - record["short_steps"]
+        assert record["per_step_s"] == (record["long_s"] - record["short_s"]) / steps
