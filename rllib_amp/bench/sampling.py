@@ -229,7 +229,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--cpus", type=int, default=2)
         parser.add_argument("--torch-threads", type=int, default=None)
         parser.add_argument("--samplers", default=",".join((RLLIB, BATCHED)))
+        parser.add_argument(
+            "--omp-wait-policy",
+            choices=("passive", "active"),
+            default=None,
+            help="OMP_WAIT_POLICY of the measuring processes (default: as inherited). passive: "
+            "idle torch threads sleep instead of spinning (see docs/performance.md)",
+        )
         args = parser.parse_args(argv)
+        if args.omp_wait_policy:  # read by OpenMP when a fresh child loads torch
+            os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
         samplers = [s for s in args.samplers.split(",") if s]
         for s in samplers:
             if s not in SAMPLERS:
@@ -246,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         report = {
             "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             **{
                 s: {k: {"runs": v, **summary(v)} for k, v in figures.items()}
                 for s, figures in runs.items()

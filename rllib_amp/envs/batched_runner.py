@@ -17,7 +17,11 @@ keep RLlib's keys; the per-piece connector timers are absent (those pieces do no
 ``envs.configure.configure_env`` picks it for ``ALE/*`` ids on the native path unless
 ``env_config.sampler`` is ``rllib``. Whatever the batched path cannot reproduce (custom
 connectors, per-episode callbacks, a stateful module, another env) runs RLlib's own
-sampling, with one log line saying why; so does ``sample(num_episodes=...)``.
+sampling, with one log line saying why; so does ``sample(num_episodes=...)``. One
+difference remains, in a failure path: when an env step fails and
+``restart_failed_sub_environments`` recreates the env, RLlib keeps the episodes that ended
+earlier in that ``sample()`` call; this runner starts the call over (as RLlib does for the
+ongoing ones).
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig
