@@ -10,7 +10,8 @@ disk filled up, bit rot), the restore fails with ``CheckpointError`` on every re
   ``checkpoint_NNNNNN.damaged``: kept for inspection, never deleted.
 - ``resume_from_intact_checkpoints(experiment_dir)`` does that for every trial and rewrites
   the experiment state so that Tune restores each trial from its intact checkpoint. The old
-  state file is kept next to it as ``experiment_state-*.json.before-fallback``. Call it
+  state file is kept next to it as ``experiment_state-*.json.before-fallback`` (a later
+  fallback's as ``.before-fallback.1``, ``.2``, ...: never overwritten). Call it
   before ``Tuner.restore``.
 
 Both take a local folder or a pyarrow URI (``s3://``, ``gs://``, ``file://``).
@@ -162,6 +163,16 @@ def _check_not_cut_off(fs: Any, folder: str, older: list[str]) -> None:
     )
 
 
+def _free_backup_path(fs: Any, state_path: str) -> str:
+    """``<state>.before-fallback``, else the first free ``<state>.before-fallback.N`` (N = 1, 2,
+    ...): every fallback keeps its own backup, none overwrites an earlier one."""
+    target, n = state_path + STATE_BACKUP_SUFFIX, 0
+    while fs.get_file_info(target).type != pyarrow.fs.FileType.NotFound:
+        n += 1
+        target = f"{state_path}{STATE_BACKUP_SUFFIX}.{n}"
+    return target
+
+
 def _move_aside(fs: Any, folder: str) -> str:
     target, n = folder + DAMAGED_SUFFIX, 1
     while fs.get_file_info(target).type != pyarrow.fs.FileType.NotFound:
@@ -208,7 +219,8 @@ def resume_from_intact_checkpoints(
     For each trial folder with checkpoints: finds the newest intact one, moves the damaged
     newer ones aside (``<name>.damaged``) and records the intact one as the trial's latest
     checkpoint in the newest ``experiment_state-*.json``, so that ``Tuner.restore`` resumes
-    from it. The previous state file is kept with the suffix ``.before-fallback``. Logs one
+    from it. The previous state file is kept with the suffix ``.before-fallback`` (or
+    ``.before-fallback.N``, the first free N, when an earlier fallback's backup is there). Logs one
     WARNING per trial that falls back. Returns one CheckpointChoice per trial folder with
     checkpoints. FileNotFoundError if the folder holds no experiment state.
 
@@ -252,7 +264,7 @@ def resume_from_intact_checkpoints(
         if c.damaged and (c.intact is not None or posixpath.basename(c.trial_dir) in restarted)
     }
     if repoint and _repoint_experiment_state(state, repoint):
-        with fs.open_output_stream(state_path + STATE_BACKUP_SUFFIX) as f:
+        with fs.open_output_stream(_free_backup_path(fs, state_path)) as f:
             f.write(original)
         with fs.open_output_stream(state_path) as f:
             f.write(json.dumps(state).encode("utf-8"))

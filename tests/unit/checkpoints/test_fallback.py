@@ -295,3 +295,25 @@ def test_a_checkpoint_cut_off_before_its_manifest_is_never_the_newest_intact(tmp
     with open(plain / "algorithm_state.pkl", "wb") as f:
         pickle.dump({"training_iteration": 1}, f)
     assert newest_intact_checkpoint(tmp_path / "plain").intact == str(plain)
+
+
+def test_a_second_fallback_keeps_the_first_backup(tmp_path):
+    exp, _, newest = _experiment(tmp_path, ["trial_a"])
+    original = newest.read_bytes()
+    _damage(exp / "trial_a" / "checkpoint_000002")
+    resume_from_intact_checkpoints(exp)
+    after_first = newest.read_bytes()
+    assert after_first != original
+    _damage(exp / "trial_a" / "checkpoint_000001")  # the next resume falls back again
+
+    resume_from_intact_checkpoints(exp)
+
+    latest, _ = _latest(newest, 0)
+    assert latest.checkpoint.path == str(exp / "trial_a" / "checkpoint_000000")
+    backup = exp / (newest.name + STATE_BACKUP_SUFFIX)
+    assert backup.read_bytes() == original
+    assert (exp / (backup.name + ".1")).read_bytes() == after_first
+    assert sorted(p.name for p in exp.glob("*" + STATE_BACKUP_SUFFIX + "*")) == [
+        backup.name,
+        backup.name + ".1",
+    ]
