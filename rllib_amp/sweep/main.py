@@ -186,7 +186,11 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
     storage = S.resolve(args.storage_path, exp.get("storage_path"))
     if args.resume:  # Tune's own reads would wait minutes on a dead endpoint, then say "none"
         S.check_reachable(storage)
-    name = R.choose_name(exp.name, storage, name=args.name, resume=args.resume)
+    try:
+        name = R.choose_name(exp.name, storage, name=args.name, resume=args.resume)
+    except R.Finished as done:  # --resume of a finished run: where its results are, exit 0
+        print(done)
+        return 0
     spec = R.run_spec(exp, args.num_samples)
     if args.resume:
         R.check_unchanged(S.join(storage, str(name)), spec, args.accept_changes)

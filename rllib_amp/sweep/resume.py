@@ -4,7 +4,10 @@ A run without ``--name`` gets the file's name and its start time
 (``cartpole_ppo_amp_2026-12-01_16-20-03``), so running the same command again starts a new
 run beside the old one. ``--resume`` without ``--name`` continues the newest run of that file
 in the storage. An explicit ``--name`` that already exists is refused: a new Tune experiment
-in that folder would replace results.parquet and orphan the old trials' checkpoints.
+in that folder would replace results.parquet and orphan the old trials' checkpoints. A run
+that finished (every trial TERMINATED in Tune's experiment state, results.parquet written) is
+not to be continued: a rerun of its ``--name`` is refused naming its results, and its
+``--resume`` says where they are and ends with exit 0 (``Finished``).
 
 Example:
     >>> import datetime
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import fnmatch
 import json
 import os
 import re
@@ -42,6 +46,10 @@ _STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
 _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
 # Tries at a fresh name before giving up: each failed try means another run took that name.
 _MAX_NAME_TRIES = 1000
+# Beside the experiment's trials once its summary is written (sweep.main.RESULTS_FILE).
+RESULTS_FILE = "results.parquet"
+# Tune's experiment state files (TuneController.CKPT_FILE_TMPL); the newest by name is current.
+_EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
 # In the experiment folder while a command runs it: who (host, pid) and since when.
 LOCK_FILE = "rllib_amp.lock"
 # The locks this process holds (their locations), taken under ``locks_released``.
@@ -282,10 +290,16 @@ def _locked_message(storage: str, name: str, where: str, owner: dict[str, Any]) 
     )
 
 
+class Finished(Exception):
+    """A ``--resume`` of a run that finished: nothing to continue. Its message is the one line
+    to print (it names the run and its results.parquet); the command then ends with exit 0."""
+
+
 def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> str | None:
     """The experiment name of this start, or None for a new run of file ``base`` (see
     ``new_run_name``). Exit 2 for a name that is not a folder name, a ``--resume`` with
-    nothing to resume, or an explicit ``--name`` already used."""
+    nothing to resume, or an explicit ``--name`` already used. ``Finished`` for a
+    ``--resume`` of a run that finished."""
     if name is not None:
         check_name(name)
         exp_dir = S.join(storage, name)
@@ -296,6 +310,8 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
                 f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of "
                 f"the interrupted run"
             )
+        if resume:
+            _refuse_finished(name, exp_dir)
         if not resume:
             refuse_taken(storage, name)
         return name
@@ -310,8 +326,63 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
             f"and --storage-path of the interrupted run"
         )
     check_unlocked(storage, newest, "--resume")
+    _refuse_finished(newest, S.join(storage, newest))
     print(f"--resume: continuing the newest run of {base!r}: {newest}")
     return newest
+
+
+def _refuse_finished(name: str, exp_dir: str) -> None:
+    done = finished(exp_dir)
+    if done is not None:
+        trials, results = done
+        raise Finished(
+            f"--resume: experiment {name!r} at {exp_dir} has finished ({_all(trials)}); "
+            f"nothing to continue. Its results: {results}"
+        )
+
+
+def _all(trials: int) -> str:
+    return "its one trial" if trials == 1 else f"all {trials} trials"
+
+
+def finished(exp_dir: str) -> tuple[int, str] | None:
+    """``(trials, results.parquet's location)`` when the run at ``exp_dir`` finished: every
+    trial TERMINATED in Tune's newest ``experiment_state-*.json`` and its results.parquet
+    written. Else None: no run, trials to continue (pending, running, paused, errored), a
+    run stopped before its summary (``--resume`` writes it), or storage that cannot be read.
+    Reads JSON only: no Ray, no RLlib.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     trial = json.dumps({"status": "TERMINATED"})
+        ...     with open(os.path.join(d, "experiment_state-2026.json"), "w") as f:
+        ...         _ = f.write(json.dumps({"trial_data": [[trial, "{}"]]}))
+        ...     before = finished(d)
+        ...     open(os.path.join(d, RESULTS_FILE), "wb").close()
+        ...     before, finished(d)[0]
+        (None, 1)
+    """
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = S.filesystem(exp_dir)
+        selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+        names = [
+            i.base_name
+            for i in fs.get_file_info(selector)
+            if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, _EXPERIMENT_STATE_GLOB)
+        ]
+        if not names:
+            return None
+        state = json.loads(files.read_bytes(fs, f"{path.rstrip('/')}/{max(names)}"))
+        statuses = [json.loads(entry[0]).get("status") for entry in state["trial_data"]]
+        results = S.join(exp_dir, RESULTS_FILE)
+        if not statuses or any(s != "TERMINATED" for s in statuses) or not S.exists(results):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None  # S.StorageError is a ValueError
+    return len(statuses), results
 
 
 def refuse_taken(storage: str, name: str) -> None:
@@ -319,6 +390,14 @@ def refuse_taken(storage: str, name: str) -> None:
     ``storage``: Tune would start a new one in its folder and orphan the old trials."""
     check_unlocked(storage, name, "--name")
     exp_dir = S.join(storage, name)
+    done = finished(exp_dir)
+    if done is not None:
+        trials, results = done
+        raise UsageError(
+            f"--name: experiment {name!r} at {exp_dir} has already finished ({_all(trials)}); "
+            f"its results are in {results}. Start a new run with another --name (or none: the "
+            f"default name carries the start time)"
+        )
     if taken(exp_dir):
         raise UsageError(
             f"--name: an experiment named {name!r} already exists at {exp_dir}; continue it "

@@ -4,6 +4,7 @@ are kept, ``--resume`` alone continues the newest, an explicit ``--name`` in use
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pwd
 import re
@@ -128,8 +129,15 @@ def test_running_the_same_command_twice_keeps_both_runs(tmp_path, capsys, tiny_f
         table = pq.read_table(str(tmp_path / "store" / run / "results.parquet")).to_pylist()
         assert [r["status"] for r in table] == ["DONE"]
     capsys.readouterr()
+    # Both finished: a --resume says so and where the newest one's results are, runs nothing.
+    newest = tmp_path / "store" / runs[-1]
+    before = {f: os.path.getmtime(newest / f) for f in os.listdir(newest)}
     assert cli.main([*argv, "--resume"]) == 0
-    assert f"continuing the newest run of 'tiny': {runs[-1]}" in capsys.readouterr().out
+    assert capsys.readouterr().out == (
+        f"--resume: experiment {runs[-1]!r} at {newest} has finished (its one trial); nothing "
+        f"to continue. Its results: {newest / 'results.parquet'}\n"
+    )
+    assert {f: os.path.getmtime(newest / f) for f in os.listdir(newest)} == before
 
 
 # -- the tests' own home ---------------------------------------------------------------------
@@ -144,3 +152,77 @@ def test_tests_run_in_a_home_of_their_own(test_home):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.stdout.strip() == test_home  # and the CLI tests' subprocesses inherit it
+
+
+def make_finished_run(storage, name: str, statuses=("TERMINATED", "TERMINATED"), results=True):
+    """A run folder as Tune and the summary leave it: tuner.pkl, the newest experiment state
+    recording each trial's status (an older one still saying RUNNING), results.parquet."""
+    make_run(storage, name)
+    folder = storage / name
+
+    def state(status_of):
+        trials = [[json.dumps({"trial_id": str(i), "status": status_of(s)}), "{}"]
+                  for i, s in enumerate(statuses)]  # fmt: skip
+        return json.dumps({"trial_data": trials, "runner_data": {}, "stats": {}})
+
+    (folder / "experiment_state-2026-12-01_10-00-00.json").write_text(state(lambda s: "RUNNING"))
+    (folder / "experiment_state-2026-12-01_10-00-09.json").write_text(state(lambda s: s))
+    if results:
+        (folder / "results.parquet").write_bytes(b"PAR1")
+    return folder
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_rerunning_the_name_of_a_finished_run_names_its_results(
+    tmp_path, capsys, tiny_file, ray_must_not_start
+):
+    folder = make_finished_run(tmp_path / "store", "done")
+    before = snapshot(folder)
+    rc = cli.main(["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path / "store"),
+                   "--name", "done"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err == (
+        f"{PROG}--name: experiment 'done' at {folder} has already finished (all 2 trials); its "
+        f"results are in {folder / 'results.parquet'}. Start a new run with another --name (or "
+        f"none: the default name carries the start time)\n"
+    )
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_resume_of_a_finished_run_says_where_its_results_are(
+    tmp_path, capsys, tiny_file, ray_must_not_start, explicit
+):
+    name = "tiny_2026-12-01_10-00-00"
+    folder = make_finished_run(tmp_path / "store", name)
+    before = snapshot(folder)
+    argv = ["--config", tiny_file(tmp_path), "--storage-path", str(tmp_path / "store")]
+    rc = cli.main([*argv, *(["--name", name] if explicit else []), "--resume"])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    assert out == (
+        f"--resume: experiment {name!r} at {folder} has finished (all 2 trials); nothing to "
+        f"continue. Its results: {folder / 'results.parquet'}\n"
+    )
+    assert snapshot(folder) == before  # no lock, no fallback backup, nothing rewritten
+
+
+@pytest.mark.parametrize(
+    ("statuses", "results"),
+    [
+        (("TERMINATED", "PENDING"), True),  # a trial to continue
+        (("TERMINATED", "ERROR"), True),  # --resume retries errored trials
+        (("TERMINATED", "PAUSED"), True),
+        (("TERMINATED", "TERMINATED"), False),  # stopped before its summary: --resume writes it
+    ],
+)
+def test_a_run_with_something_left_to_do_is_still_resumed(tmp_path, statuses, results):
+    make_finished_run(tmp_path, "run", statuses=statuses, results=results)
+    assert R.finished(str(tmp_path / "run")) is None
+    assert R.choose_name("tiny", str(tmp_path), name="run", resume=True) == "run"
+    with pytest.raises(UsageError, match="already exists at .*; continue it with --resume"):
+        R.refuse_taken(str(tmp_path), "run")
