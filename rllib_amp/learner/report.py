@@ -23,11 +23,52 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ray.rllib.utils.metrics.metrics_logger import DEFAULT_STATS_CLS_LOOKUP
+from ray.rllib.utils.metrics.stats import ItemStats
+
 from rllib_amp.learner import metrics as M
 from rllib_amp.log_events import event
 from rllib_amp.scaling.scaler import PolicyScaler
 
 logger = logging.getLogger(__name__)
+
+# The reduce method that keeps the latest value across any merge (``LastItemStats``).
+LAST = "amp_last"
+
+
+class LastItemStats(ItemStats):
+    """RLlib's "item" stat (the latest value) that also merges several results at once.
+
+    ``ItemStats`` refuses to merge more than one result at a time, which the algorithm does
+    with several learners, or with an asynchronous learner group's ready results; the mean
+    RLlib offers instead averages over the iteration's updates. This one keeps the last
+    result's value (the learners' scalers are identical under DDP; an async group's ready
+    results come oldest first).
+
+    Example:
+        >>> a, b, root = (LastItemStats(), LastItemStats(), LastItemStats(is_leaf=False))
+        >>> a.push(4.0); b.push(2.0)
+        >>> root.merge([a, b]); root.peek()
+        2.0
+    """
+
+    stats_cls_identifier = LAST
+
+    @property
+    def values(self) -> list[Any]:
+        """As a series stat's: an algorithm restored from a checkpoint of an older rllib-amp
+        holds the mean stat it merged into, which reads this (and keeps averaging)."""
+        return [] if self._item is None else [self._item]
+
+    def merge(self, incoming_stats: list[Any]) -> None:
+        items = [s._item for s in incoming_stats if s._item is not None]
+        if items:
+            self._item = items[-1]
+
+
+# RLlib's documented way to add a reduce method: the default lookup, which every config
+# refers to unless the user passes a lookup of their own (``report_update`` adds it there).
+DEFAULT_STATS_CLS_LOOKUP.setdefault(LAST, LastItemStats)
 
 # Monotonic counters: the max is the latest value, on any number of learners.
 _COUNTER: dict[str, Any] = {"reduce": "max", "window": 1}
@@ -42,11 +83,13 @@ def report_update(
     ``merged_results``: the algorithm merges several learner results into one iteration
     (several learners, or an asynchronous learner).
     """
-    # RLlib's "item" reduce keeps the latest value (the scale after the iteration's last
-    # update) but cannot merge several results; where results are merged the scale is
-    # averaged over the iteration's updates instead (DDP learners' scalers are identical).
-    reduce_by_key = {
-        M.GRAD_SCALE: {"window": 1} if merged_results else {"reduce": "item"},
+    # The scale after the iteration's last update, in every algorithm: RLlib's "item" where
+    # no results are merged, else ours, which also merges several (``LastItemStats``).
+    lookup = getattr(metrics, "stats_cls_lookup", None)
+    if merged_results and lookup is not None:
+        lookup.setdefault(LAST, LastItemStats)
+    reduce_by_key: dict[str, dict[str, Any]] = {
+        M.GRAD_SCALE: {"reduce": LAST if merged_results else "item"},
         M.SKIP_FRACTION: {"window": 1},
         M.SKIP_WARNING: {"reduce": "max"},  # over the iteration's updates (and learners)
     }
