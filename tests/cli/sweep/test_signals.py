@@ -158,6 +158,9 @@ def test_sigterm_between_ray_and_tunes_loop_is_143_and_nothing_is_lost(
     assert line.endswith("nothing was written; run the same command to start it again"), line
     assert not (tmp_path / "early-term").exists()
     _runs_to_the_end(cmd, tmp_path / "early-term")
+    # A run whose summary was never written (killed after its trials ended) is one that
+    # --resume continues; a finished one with its results.parquet is not resumed at all.
+    (tmp_path / "early-term" / "results.parquet").unlink()
     before = _files(tmp_path / "early-term")
 
     status, line = _signalled_before_tunes_loop(monkeypatch, [*cmd[3:], "--resume"], capsys)
