@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,6 +37,7 @@ def _cluster_sweep(tmp_path, tiny_file, *extra: str, iterations: int = 2) -> dic
     return verdict
 
 
+@pytest.mark.slow  # slow (28 s): the default run keeps the cluster's node-local storage test
 def test_sweep_survives_losing_a_worker_node(tmp_path, tiny_file):
     verdict = _cluster_sweep(tmp_path, tiny_file, "--remove-worker", iterations=6)
     assert verdict["removed"] == [verdict["worker"]], "the worker was not removed mid-sweep"

@@ -194,6 +194,8 @@ def _results_in_bucket(s3, trial_dir: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+# slow (49 s): the printed-URI round trip has a fast unit test in tests/unit/sweep/test_storage.py.
+@pytest.mark.slow
 def test_s3_sweep_on_the_cluster_resumes_from_the_bucket_with_exact_scaler_state(cluster, tmp_path):
     s3 = cluster["s3"]
     config = tmp_path / "sweep.yaml"

@@ -174,6 +174,7 @@ def test_sampling_one_measures_a_real_runner():
     assert atari_figures.sampling_one(NATIVE, 2, 64, "mini") > 0
 
 
+@pytest.mark.slow  # slow (12 s)
 def test_end_to_end_paths_train_every_label_on_tiny_settings():
     training = {"train_batch_size_per_learner": 64, "minibatch_size": 32, "num_epochs": 1}
     labels = [STOCK, "amp native"]

@@ -243,6 +243,7 @@ def _build_learner_and_list_warnings(variant: str) -> tuple[list[tuple[str, str,
     return [(r.name, r.pathname, r.lineno) for r in records], harness.shown_once_keys()
 
 
+@pytest.mark.slow  # slow (11 s)
 def test_rllib_deprecation_notices_appear_once_per_run_not_once_per_child():
     """RLlib 2.60 logs its RLModuleConfig deprecation notice from inside RLModule.__init__
     for every module (ray-project/ray#51630), once per process: the bench's children share

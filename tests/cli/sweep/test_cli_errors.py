@@ -356,6 +356,7 @@ def test_a_trial_without_results_shows_its_id_and_root_error_without_colour(tmp_
 
 
 # -- the in-process Ray ---------------------------------------------------------------------
+@pytest.mark.slow  # slow (18 s): starts a Ray of its own
 def test_no_address_starts_its_own_ray_despite_a_stale_cluster_record(tmp_path, tiny_file):
     """A `ray start` cluster that died leaves its address in Ray's temp folder; the default
     job must start a Ray of its own, not try to join that one."""

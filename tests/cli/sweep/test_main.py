@@ -114,6 +114,9 @@ def test_sweep_end_to_end_writes_summary_and_parquet(tmp_path, capsys, tiny_file
     assert recommended["amp"]["init_scale"] == table[0]["settled_scale"]
 
 
+# slow (25 s): the default run resumes interrupted sweeps in test_signals, test_ray_death and
+# test_storage_faults.
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_resume_finishes_an_interrupted_sweep_without_rerunning_finished_trials(
     tmp_path, tiny_file, trial_results, session_sweep
@@ -399,6 +402,7 @@ def test_default_job_answers_per_setting_within_five_minutes(tmp_path):
 
 
 # -- quiet output ---------------------------------------------------------------------------
+@pytest.mark.slow  # slow (13 s)
 @pytest.mark.usefixtures("ray_local")
 def test_default_job_prints_no_snapshot_warnings(tmp_path, session_sweep):
     """The default experiment's checkpoint cadence, on two of its trials (both at once, as in
