@@ -99,12 +99,18 @@ def _checkpoint_dir(out: str, path: str, seed: int) -> str:
 
 
 def last_checkpoint(out: str, path: str, seed: int) -> dict[str, Any] | None:
-    """The newest complete checkpoint of a run: its folder, iteration, env steps, seconds."""
-    marker = os.path.join(_checkpoint_dir(out, path, seed), "latest.json")
+    """The newest complete checkpoint of a run: its folder (an absolute path), iteration, env
+    steps, seconds. The marker names the folder inside the run's checkpoint folder, so a run
+    started or resumed with a relative ``OUT`` (or moved) still finds it; RLlib's restore
+    takes no relative path ("URI has empty scheme")."""
+    root = _checkpoint_dir(out, path, seed)
+    marker = os.path.join(root, "latest.json")
     if not os.path.exists(marker):
         return None
     with open(marker, encoding="utf-8") as f:
-        return json.load(f)
+        point = json.load(f)
+    point["folder"] = os.path.abspath(os.path.join(root, os.path.basename(point["folder"])))
+    return dict(point)
 
 
 def _save_checkpoint(algo: Any, out: str, path: str, seed: int, point: dict[str, Any]) -> None:
@@ -113,7 +119,7 @@ def _save_checkpoint(algo: Any, out: str, path: str, seed: int, point: dict[str,
     root = _checkpoint_dir(out, path, seed)
     folder = os.path.join(root, f"iter_{point['iteration']:06d}")
     algo.save_to_path(folder)
-    marker = {**point, "folder": folder}
+    marker = {**point, "folder": os.path.basename(folder)}
     tmp = os.path.join(root, f"latest.json.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(marker, f)

@@ -164,12 +164,13 @@ def _curve(out):
 
 @pytest.mark.slow  # a killed and resumed Pong run in fresh processes: about a minute
 def test_a_killed_run_resumes_from_its_checkpoint_without_gap_or_duplicate(tmp_path):
+    # OUT given as a relative path, as users type it (RLlib's restore refuses a relative one).
     out = tmp_path / "pong"
     cmd = [sys.executable, "-m", "rllib_amp.bench.pong_learning", "--paths", "amp-native",
            "--seeds", "0", "--steps", "2048", "--batch", "128", "--checkpoint-every", "3",
-           "--device", "cpu", "--out", str(out)]  # fmt: skip
+           "--device", "cpu", "--out", "pong"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, cwd=tmp_path)  # fmt: skip
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if (out / P.CURVES).exists() and len(_curve(out)) >= 5:
@@ -181,8 +182,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_gap_or_duplicate(tmp_p
     assert 5 <= len(before) < 16, before
     ckpt = P.last_checkpoint(str(out), P.AMP, 0)
     assert ckpt is not None and ckpt["iteration"] % 3 == 0
-    resume = [sys.executable, "-m", "rllib_amp.bench.pong_learning", "--resume", str(out)]
-    done = subprocess.run(resume, capture_output=True, text=True, timeout=600)
+    resume = [sys.executable, "-m", "rllib_amp.bench.pong_learning", "--resume", "pong"]
+    done = subprocess.run(resume, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     after = _curve(out)
     # Points up to the checkpoint are kept as they were; the rest trained again once.
