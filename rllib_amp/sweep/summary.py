@@ -91,11 +91,43 @@ def target(exp: Any) -> float | None:
 
 def history(result: Any) -> Any:
     """The trial's result history (a pandas DataFrame, one row per iteration, nested keys
-    joined by "/"), or None when Tune kept none."""
+    joined by "/"), along the line of training that led to its final result (``lineage``),
+    or None when Tune kept none."""
     try:
-        return result.metrics_dataframe
+        frame = result.metrics_dataframe
     except Exception:  # noqa: BLE001 - a trial whose progress file is missing or unreadable
         return None
+    return lineage(frame)
+
+
+def lineage(frame: Any) -> Any:
+    """The rows of a trial's history that led to its final result: one per iteration.
+
+    Tune appends every result of a trial to its ``result.json`` and ``progress.csv`` and never
+    removes one. When a trial is restored from a checkpoint (``--resume`` after a crash, a
+    failed trial retried, a PBT exploit of another trial's checkpoint), the iterations after
+    that checkpoint are trained again and logged again, so the file holds the same
+    ``training_iteration`` twice, with different results: the abandoned run's and the one
+    that carried on. Walking back from the last row, a row belongs to the final line when its
+    iteration is below every iteration kept after it.
+
+    Example:
+        >>> import pandas as pd
+        >>> frame = pd.DataFrame({"training_iteration": [1, 2, 3, 4, 3, 4, 5], "x": range(7)})
+        >>> lineage(frame)["x"].tolist()
+        [0, 1, 4, 5, 6]
+    """
+    if frame is None or "training_iteration" not in frame.columns or frame.empty:
+        return frame
+    keep: list[int] = []
+    below = math.inf
+    for pos, it in enumerate(reversed(frame["training_iteration"].tolist())):
+        if is_number(it) and it < below:
+            keep.append(len(frame) - 1 - pos)
+            below = it
+    if len(keep) == len(frame):
+        return frame
+    return frame.iloc[sorted(keep)].reset_index(drop=True)
 
 
 def _late_scales(frame: Any) -> list[float]:
