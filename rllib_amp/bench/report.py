@@ -226,7 +226,7 @@ def _med_ratio(section: str, num: str, den: str, algo: str | None = None) -> Cal
 
 TARGETS: tuple[Target, ...] = (
     Target(
-        "sampling, native / wrappers env steps/s",
+        "sampling, native (batched sampler) / wrappers env steps/s",
         _med_ratio("sampling", "native", "wrappers"),
         3.0,
         at_most=False,
@@ -235,6 +235,12 @@ TARGETS: tuple[Target, ...] = (
         "end-to-end PPO Pong, amp native / stock fp32 wrappers env steps/s",
         _med_ratio("end_to_end_paths", "amp native", STOCK, "PPO"),
         2.5,
+        at_most=False,
+    ),
+    Target(
+        "end-to-end APPO Pong, amp native / stock fp32 wrappers env steps/s",
+        _med_ratio("end_to_end_paths", "amp native", STOCK, "APPO"),
+        2.0,
         at_most=False,
     ),
     Target(
