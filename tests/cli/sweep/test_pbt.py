@@ -90,12 +90,14 @@ def test_after_an_exploit_the_recipient_continues_at_the_donors_scale(
     # Tune's PBT log: one line per exploit, [recipient tag, donor tag, ...].
     exploits = [json.loads(x) for x in (exp_dir / "pbt_global.txt").read_text().splitlines()]
     assert exploits, "no exploit happened"
-    ids = {t: tid for tid, t in trial_tags(str(exp_dir)).items()}
+    # PBT logs each trial by its current tag, which a mutation rewrites (lr=..., @perturbed);
+    # the tag's leading trial index never changes.
+    ids = {t.split("_", 1)[0]: tid for tid, t in trial_tags(str(exp_dir)).items()}
     loads = [json.loads(x) for x in loads_file.read_text().splitlines()]
     assert loads, "no recipient restored a donor checkpoint"
     differed = False
     for exploit in exploits:
-        recipient, donor = ids[exploit[0]], ids[exploit[1]]
+        recipient, donor = (ids[tag.split("_", 1)[0]] for tag in exploit[:2])
         # The recipient's restore of the donor's checkpoint: its latest load at or before the
         # iterations PBT logged with the exploit (they lag or lead the checkpoint's by one).
         logged = max(exploit[2], exploit[3])
