@@ -56,7 +56,7 @@ from rllib_amp.sweep.resources import ResourceError
 
 PROG = "python -m rllib_amp.tune"
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
-RESULTS_FILE = "results.parquet"
+RESULTS_FILE = R.RESULTS_FILE  # written here, read by resume (a finished run is not resumed)
 # A sweep larger than this is more likely a typo (num_samples: 10000 x a grid) than a plan.
 DEFAULT_MAX_TRIALS = 1000
 

@@ -46,7 +46,7 @@ _STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
 _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
 # Tries at a fresh name before giving up: each failed try means another run took that name.
 _MAX_NAME_TRIES = 1000
-# Beside the experiment's trials once its summary is written (sweep.main.RESULTS_FILE).
+# Beside the experiment's trials once its summary is written (written by sweep.main).
 RESULTS_FILE = "results.parquet"
 # Tune's experiment state files (TuneController.CKPT_FILE_TMPL); the newest by name is current.
 _EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
