@@ -118,11 +118,31 @@ def smoothed(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def return_at(rows: Sequence[Mapping[str, Any]], steps: float) -> float | None:
+    """The mean return of the last RETURN_WINDOW episodes as of ``steps`` env steps: at the
+    first iteration at or past ``steps`` that ended an episode; for a run that reached
+    ``steps`` with no episode ending after it (a run stopped at its budget), the window as the
+    run left it. None when the run never got there or the window never filled.
+
+    Example:
+        >>> rows = [{"env_steps": s, "seconds": 1.0, "return": r, "episodes": 20}
+        ...         for s, r in ((900.0, -5.0), (1000.0, float("nan")))]
+        >>> return_at(rows, 1000), return_at(rows, 1001)
+        (-5.0, None)
+    """
+    points = [p for p in smoothed(rows) if p["full"]]
+    at = next((p for p in points if p["env_steps"] >= steps), None)
+    if at is not None:
+        return float(at["return"])
+    reached = max((r["env_steps"] for r in rows), default=0.0) >= steps
+    return float(points[-1]["return"]) if reached and points else None
+
+
 def run_milestones(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One run's figures: the mean return of the last RETURN_WINDOW episodes at the first
-    iteration at or past 1M, 2M and 3M env steps; env steps and seconds to first reach 0 and
-    +18 with that mean; its final value. None where the run never got there (or the window
-    never filled)."""
+    """One run's figures: the mean return of the last RETURN_WINDOW episodes at 1M, 2M and
+    3M env steps (``return_at``); env steps and seconds to first reach 0 and +18 with that
+    mean; its final value. None where the run never got there (or the window never
+    filled)."""
     rows = sorted(rows, key=lambda r: r["env_steps"])
     points = [p for p in smoothed(rows) if p["full"]]
     out: dict[str, Any] = {
@@ -131,8 +151,7 @@ def run_milestones(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "final": points[-1]["return"] if points else None,
     }
     for m in MILESTONE_STEPS:
-        at = next((p for p in points if p["env_steps"] >= m), None)
-        out[f"return_at_{m // 1_000_000}M"] = at["return"] if at else None
+        out[f"return_at_{m // 1_000_000}M"] = return_at(rows, m)
     for target in MILESTONE_RETURNS:
         hit = next((p for p in points if p["return"] >= target), None)
         out[f"steps_to_{target:g}"] = hit["env_steps"] if hit else None
@@ -177,10 +196,9 @@ def compare_at(
     def values(p: str) -> list[float]:
         vals = []
         for (_, q, _), rows in runs.items():
-            at = next((p for p in smoothed(rows) if p["full"] and p["env_steps"] >= steps),
-                      None)  # fmt: skip
-            if q == p and at is not None:
-                vals.append(float(at["return"]))
+            at = return_at(rows, steps) if q == p else None
+            if at is not None:
+                vals.append(at)
         return vals
 
     a, b = values(path), values(reference)

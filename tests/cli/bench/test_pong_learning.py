@@ -95,6 +95,20 @@ def test_milestones_use_the_last_20_episodes_not_one_lucky_game():
     assert C.run_milestones(_rows("v", P.AMP, 0, [(1e6, 1.0, 5.0)], episodes=3))["final"] is None
 
 
+def test_a_run_stopped_at_its_budget_has_its_last_window_at_that_milestone():
+    # The last iterations, at and past 3M, ended no episode: the window as the run left it.
+    rows = _rows("b", P.AMP, 1, [(2.9e6, 3500.0, 19.0), (3.0e6, 3600.0, math.nan)])
+    assert C.run_milestones(rows)["return_at_3M"] == 19.0
+    # A run that stopped short of 3M has no figure there.
+    short = _rows("s", P.AMP, 1, [(2.9e6, 3500.0, 19.0), (2.95e6, 3550.0, math.nan)])
+    assert C.run_milestones(short)["return_at_3M"] is None
+    # The same rule for the AMP-vs-float32 pair at 1M, whose runs stop at 1M.
+    runs = {("d", path, seed): _rows(f"{path}{seed}", path, seed,
+                                     [(0.99e6, 1.0, -5.0 - seed), (1e6, 2.0, math.nan)])
+            for path in (P.AMP, P.FP32_NATIVE) for seed in (0, 1)}  # fmt: skip
+    assert C.compare_at(runs, 1_000_000)["values"] == [-5.0, -6.0]
+
+
 def test_amp_against_fp32_at_1m_uses_the_seed_spread():
     runs = {}
     for path, vals in ((P.AMP, (-10.0, -16.0)), (P.FP32_NATIVE, (-11.0, -12.0))):
