@@ -7,11 +7,19 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+
+# A test run started in the background by a shell without job control (`cmd &` in a script,
+# some CI runners) inherits SIGINT ignored, and every command the tests start would inherit it
+# too: the Ctrl-C tests would send a signal that nothing hears. Python's own handler here is
+# reset to the default in each command at exec, as in a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Before ray is imported anywhere: keep Ray on 127.0.0.1 instead of the machine's interface
 # address, so tests never touch the network and multi-node Clusters can be joined.
