@@ -32,7 +32,7 @@ native vector env (uint8), variants ``workloads.PATH_VARIANTS`` ("fp32 wrappers"
 RLlib as it ships and the reference of their ratios):
   6. sampling env steps/s of one EnvRunner with 16 envs, inference included, each repetition
      of each path in a fresh process;
-  7. end-to-end env steps/s of PPO (target) and APPO (reported) on Pong;
+  7. end-to-end env steps/s of PPO and APPO (both with targets) on Pong;
   8. DQN replay-buffer bytes per stored transition (with --algos including DQN);
   9. peak memory of a learner update per path variant.
 The Atari path's targets (``report.TARGETS``) print under the table as measured ratios, met or not.
