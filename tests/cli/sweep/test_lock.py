@@ -45,6 +45,10 @@ def test_a_command_on_a_locked_experiment_is_refused_before_ray(
     assert (folder / "tuner.pkl").read_bytes() == b"the running sweep's"
 
 
+# About 19 s on 2 cores; slow to keep the default run under 8 minutes. The default run keeps
+# the lock's rules (tests/unit/sweep/test_lock.py: taken, refused to a second taker, released,
+# stale locks) and test_a_new_run_name_is_locked.
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_resume_while_the_sweep_runs_is_refused_and_the_sweep_finishes(
     tmp_path, tiny_file, trial_results, session_sweep

@@ -12,6 +12,7 @@ import urllib.request
 from types import SimpleNamespace
 
 import pyarrow.parquet as pq
+import pytest
 
 from rllib_amp import experiment as E
 from rllib_amp.learner import metrics as M
@@ -145,6 +146,9 @@ def test_dashboard_is_installed_where_rays_grafana_provisioning_reads(tmp_path, 
     assert G.install_dashboard(str(session)) == str(elsewhere / G.GRAFANA_DASHBOARD_NAME)
 
 
+# About 14 s on 2 cores; slow to keep the default run under 8 minutes. The default run keeps
+# test_amp_metrics_reach_the_nodes_prometheus_endpoint (the same endpoint, one algorithm).
+@pytest.mark.slow
 def test_after_a_tiny_sweep_the_dashboards_metrics_are_on_the_prometheus_endpoint(
     ray_metrics_url, tmp_path, capsys, tiny_file
 ):
