@@ -63,10 +63,46 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True))
     else:
         files = [path] if os.path.exists(path) else []
-    rows: list[dict[str, Any]] = []
-    for f in files:
-        rows.extend(pq.read_table(f).to_pylist())
-    return rows
+    return continued([pq.read_table(f).to_pylist() for f in files])
+
+
+def _run_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (r["path"], r["seed"], r["run"], r["machine"])
+
+
+def continued(files: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of several files as one line of training per run. A resumed run trains again
+    from its checkpoint, so a file that continues a run from iteration k replaces the rows at
+    k and after in the files before it (those of the killed process past its last checkpoint).
+
+    Example:
+        >>> row = lambda i, s: {"path": "p", "seed": 0, "run": "r", "machine": "m",
+        ...                     "iteration": i, "env_steps": s}
+        >>> killed = [row(1, 10), row(2, 20), row(3, 30)]     # checkpoint at iteration 2
+        >>> resumed = [row(3, 31), row(4, 41)]
+        >>> [r["env_steps"] for r in continued([killed, resumed])]
+        [10, 20, 31, 41]
+    """
+    starts: dict[tuple[Any, ...], list[int]] = {}
+    for rows in files:
+        for key, first in _firsts(rows).items():
+            starts.setdefault(key, []).append(first)
+    out: list[dict[str, Any]] = []
+    for rows in files:
+        firsts = _firsts(rows)
+        for r in rows:
+            key = _run_key(r)
+            if not any(firsts[key] < k <= r["iteration"] for k in starts[key]):
+                out.append(r)
+    return out
+
+
+def _firsts(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, ...], int]:
+    firsts: dict[tuple[Any, ...], int] = {}
+    for r in rows:
+        key = _run_key(r)
+        firsts[key] = min(firsts.get(key, r["iteration"]), r["iteration"])
+    return firsts
 
 
 def write_rows(rows: Sequence[Mapping[str, Any]], path: str) -> None:

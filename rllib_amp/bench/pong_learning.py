@@ -17,6 +17,10 @@ wall-clock axis is the point), appends a row to ``OUT/curves.parquet`` after eve
     python -m rllib_amp.bench.pong_learning --resume pong_run     # after a kill, same day
     python -m rllib_amp.bench.pong_learning --plot-only docs/pong # figure + table from parquet
 
+``--stop-at N`` ends each run at N env steps while its lr schedule still anneals over
+``--steps``: the early part of a longer run, to compare paths at a milestone (1M) of the
+same schedule without training each to the end.
+
 ``--plot-only DIR`` reads every ``*.parquet`` under DIR (runs of several days add up) and
 writes ``learning.png`` and ``table.md`` there.
 
@@ -152,9 +156,12 @@ def train_one(
     batch: int | None,
     checkpoint_every: int,
     machine: str,
+    stop_at: int | None = None,
 ) -> int:
-    """Trains one run up to ``steps`` env steps, from its last checkpoint when there is one;
-    appends each iteration's point to ``OUT/curves.parquet``. Returns the iterations run."""
+    """Trains one run up to ``stop_at`` env steps (default ``steps``, the lr schedule's
+    length), from its last checkpoint when there is one; appends each iteration's point to
+    ``OUT/curves.parquet``. Returns the iterations run."""
+    stop = steps if stop_at is None else stop_at
     run = _run_name(path, seed)
     algo = build_config(path, seed, steps, device, batch).build_algo()
     ckpt = last_checkpoint(out, path, seed)
@@ -174,7 +181,7 @@ def train_one(
     ran = 0
     try:
         done = max([0.0] + [r["env_steps"] for r in rows if r["run"] == run])
-        while done < steps:
+        while done < stop:
             result = algo.train()
             iteration += 1
             ran += 1
@@ -195,7 +202,7 @@ def train_one(
             }
             rows.append(point)
             write_rows(rows, curves)
-            if iteration % checkpoint_every == 0 or done >= steps:
+            if iteration % checkpoint_every == 0 or done >= stop:
                 _save_checkpoint(algo, out, path, seed, point)
             print(
                 f"[pong] {run}: {done:,.0f} steps, {point['seconds']:.0f} s, return {ret:.2f}",
@@ -233,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--paths", default=AMP, help=f"comma-separated of: {', '.join(PATHS)}")
     p.add_argument("--steps", type=int, default=3_000_000, help="env steps per run")
+    p.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        help="end each run at this many env steps; the lr schedule still spans --steps",
+    )
     p.add_argument("--seeds", default="0", help="comma-separated, e.g. 0,1")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if any")
     p.add_argument("--out", default="pong_learning", help="folder for the runs")
@@ -248,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _new_run(args: argparse.Namespace) -> dict[str, Any]:
     if args.steps < 1:
         raise UsageError(f"--steps: got {args.steps}; must be >= 1")
+    if args.stop_at is not None and not 1 <= args.stop_at <= args.steps:
+        raise UsageError(
+            f"--stop-at: got {args.stop_at}; must be between 1 and --steps ({args.steps}), "
+            "or left out to train each run to --steps"
+        )
     if args.batch is not None and args.batch < 2:
         raise UsageError(f"--batch: got {args.batch}; must be >= 2")
     if args.checkpoint_every < 1:
@@ -256,6 +274,7 @@ def _new_run(args: argparse.Namespace) -> dict[str, Any]:
         "paths": _paths(args.paths),
         "seeds": _seeds(args.seeds),
         "steps": args.steps,
+        "stop_at": args.stop_at,
         "batch": args.batch,
         "device": args.device,
         "checkpoint_every": args.checkpoint_every,
@@ -300,15 +319,17 @@ def run(argv: Sequence[str] | None = None) -> int:
         raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
     machine = machine_description(device)
     print(f"rllib-amp Pong learning, {machine}", flush=True)
+    # run.json of a run started before --stop-at existed has no "stop_at": it trains to "steps".
+    stop_at = spec.get("stop_at") or spec["steps"]
     for seed in spec["seeds"]:
         for path in spec["paths"]:
             rows = [r for r in read_rows(os.path.join(out, CURVES))
                     if r["run"] == _run_name(path, seed)]  # fmt: skip
-            if rows and max(r["env_steps"] for r in rows) >= spec["steps"]:
+            if rows and max(r["env_steps"] for r in rows) >= stop_at:
                 continue
             in_child(
                 train_one, out, path, seed, spec["steps"], device, spec["batch"],
-                spec["checkpoint_every"], machine, timeout_s=RUN_TIMEOUT_S,
+                spec["checkpoint_every"], machine, stop_at, timeout_s=RUN_TIMEOUT_S,
             )  # fmt: skip
     rows = read_rows(os.path.join(out, CURVES))
     print(table(rows))
@@ -322,4 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from rllib_amp.cli import local_ray_on_loopback
+
+    local_ray_on_loopback(sys.argv[1:])  # its Ray is its own: on 127.0.0.1, before ray loads
     sys.exit(main())

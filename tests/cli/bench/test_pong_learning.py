@@ -3,12 +3,14 @@ resumable runs (kill, resume, no gap or duplicate), bad input."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import pyarrow.parquet as pq
 import pytest
@@ -154,6 +156,8 @@ def test_plot_only_of_a_folder_without_curves_exits_2(tmp_path, capsys):
         (["--batch", "1"], "--batch: got 1; must be >= 2"),
         (["--paths", "amp"], "--paths: got 'amp'; give one or more of stock, fp32-native"),
         (["--checkpoint-every", "0"], "--checkpoint-every: got 0; must be >= 1"),
+        (["--steps", "100", "--stop-at", "200"], "--stop-at: got 200; must be between 1 and"),
+        (["--stop-at", "0"], "--stop-at: got 0; must be between 1 and --steps (3000000)"),
         (["--stepz", "5"], "unrecognized arguments: --stepz 5"),
     ],
 )
@@ -169,6 +173,59 @@ def test_resume_of_a_folder_without_a_run_and_a_second_start_exit_2(tmp_path, ca
     (tmp_path / P.RUN_FILE).write_text("{}")
     assert P.main(["--out", str(tmp_path)]) == 2
     assert f"continue it with --resume {tmp_path}" in capsys.readouterr().err
+
+
+class _FakeAlgo:
+    """An Algorithm that samples 100 env steps per train() and saves an empty folder."""
+
+    def __init__(self, built):
+        self.steps, self.built = 0, built
+
+    def restore_from_path(self, folder):
+        with open(os.path.join(folder, "steps.json")) as f:
+            self.steps = json.load(f)
+
+    def train(self):
+        self.steps += 100
+        return {"num_env_steps_sampled_lifetime": self.steps,
+                "env_runners": {"episode_return_mean": -21.0, "num_episodes": 1}}  # fmt: skip
+
+    def save_to_path(self, folder):
+        os.makedirs(folder)
+        with open(os.path.join(folder, "steps.json"), "w") as f:
+            json.dump(self.steps, f)
+
+    def stop(self):
+        pass
+
+
+def test_stop_at_ends_the_runs_early_on_the_schedule_of_the_whole_budget(tmp_path, monkeypatch):
+    # The AMP-vs-float32 pair at 1M compares runs on one lr schedule: a run stopped at 1M
+    # anneals over --steps like the long runs, not to 0 at 1M.
+    import rllib_amp.bench.harness as H
+
+    built = []
+
+    def build_config(path, seed, steps, device, batch):
+        built.append(P.lr_schedule(steps))
+        return types.SimpleNamespace(build_algo=lambda: _FakeAlgo(built))
+
+    monkeypatch.setattr(P, "build_config", build_config)
+    monkeypatch.setattr(H, "in_child", lambda fn, *a, timeout_s: fn(*a))
+    out = str(tmp_path / "o")
+    args = ["--paths", "fp32-native", "--seeds", "0,1", "--steps", "1000", "--stop-at", "300",
+            "--checkpoint-every", "2", "--device", "cpu", "--out", out]  # fmt: skip
+    assert P.main(args) == 0
+    assert built == [[[0, 2.5e-4], [1000, 0.0]]] * 2
+    rows = C.read_rows(os.path.join(out, P.CURVES))
+    assert {r["run"]: r["env_steps"] for r in rows} == {"fp32-native-seed0": 300,
+                                                        "fp32-native-seed1": 300}  # fmt: skip
+    assert P.last_checkpoint(out, "fp32-native", 1)["env_steps"] == 300
+    with open(os.path.join(out, P.RUN_FILE)) as f:
+        assert json.load(f)["stop_at"] == 300
+    # Both runs reached their stop: a resume trains nothing more.
+    assert P.main(["--resume", out]) == 0
+    assert len(built) == 2 and len(C.read_rows(os.path.join(out, P.CURVES))) == 6
 
 
 def _curve(out):
