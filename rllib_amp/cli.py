@@ -56,6 +56,32 @@ def run_as_command() -> None:
     _command_process = True
 
 
+# Ray's switch (ray_constants.ENABLE_RAY_CLUSTER, read once when ray is imported): at "0" a Ray
+# started in this process puts its node on 127.0.0.1, at the default "1" on the machine's
+# interface address, where other hosts can reach its GCS and raylet ports.
+LOOPBACK_RAY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def local_ray_on_loopback(argv: Sequence[str]) -> bool:
+    """For a command's ``__main__``, before ray is imported: a Ray the command starts in its own
+    process (no ``--address``, no ``RAY_ADDRESS``) listens on 127.0.0.1 only; nothing joins
+    it, so nothing needs it on the network. A command that joins a cluster is left as Ray
+    sets it (the switch at "0" would refuse to join a multi-node cluster). True when set.
+
+    Example:
+        >>> import os
+        >>> local_ray_on_loopback(["--address", "127.0.0.1:6379"])
+        False
+    """
+    import os
+
+    joins = any(a == "--address" or a.startswith("--address=") for a in argv)
+    if joins or os.environ.get("RAY_ADDRESS") or "ray" in sys.modules:
+        return False
+    os.environ.setdefault(LOOPBACK_RAY_ENV, "0")
+    return True
+
+
 def may_end_process() -> bool:
     """Whether rllib_amp may end the process itself (``os._exit``), asked by the thread that
     runs the command: only in the main thread of a ``python -m rllib_amp...`` process.
