@@ -117,6 +117,9 @@ def test_an_explicit_name_in_use_is_refused_before_ray_loads(tmp_path, tiny_file
     assert os.listdir(tmp_path / "mine") == ["tuner.pkl"]
 
 
+# About 12 s (two sweeps). In the default run a new run's name is locked (unit/sweep/test_lock)
+# and a finished run's name rerun names its results (below).
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_running_the_same_command_twice_keeps_both_runs(tmp_path, capsys, tiny_file):
     config = tiny_file(tmp_path, iterations=1, scales=[1024.0])  # one trial

@@ -42,6 +42,9 @@ def _trajectory(row):
     return (row["env_steps"], row[R], row["settled_scale"])
 
 
+# About 15 s (two sweeps). In the default run each sample's seed is handed out without Ray
+# (experiment.builder.SeedOfSample's doctest) and grouped over seeds (unit/sweep/test_groups).
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_samples_get_their_own_seeds_and_a_rerun_reproduces_them(tmp_path):
     first = _run(tmp_path, "first")

@@ -144,6 +144,9 @@ def _runs_to_the_end(command, folder):
     assert [r["status"] for r in rows] == ["DONE"]
 
 
+# About 13 s. In the default run a signal mid-sweep saves the state and --resume finishes
+# (sigterm-then-sigint above).
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_sigterm_between_ray_and_tunes_loop_is_143_and_nothing_is_lost(
     tmp_path, tiny_file, session_sweep, monkeypatch, capsys

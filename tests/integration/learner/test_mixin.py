@@ -20,8 +20,18 @@ from tests.integration.common import (
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 
-@pytest.mark.parametrize("algo", ["PPO", "DQN", "APPO"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+# float16 APPO (about 10 s) is slow: float16 with its scaler trains PPO and DQN here, and APPO
+# trains in bfloat16.
+@pytest.mark.parametrize(
+    "algo, dtype",
+    [
+        pytest.param(
+            a, d, id=f"{d}-{a}", marks=[pytest.mark.slow] if (a, d) == ("APPO", "float16") else []
+        )
+        for d in ("bfloat16", "float16")
+        for a in ("PPO", "DQN", "APPO")
+    ],
+)
 def test_trains_under_amp(algo, dtype, caplog):
     caplog.set_level(logging.INFO, logger="rllib_amp")
     a = amp_config(algo, dtype=dtype).build_algo()

@@ -36,19 +36,31 @@ PROBE = textwrap.dedent(
 )
 
 
-def _probe(mode: str) -> dict:
+def _probes(*modes: str) -> list[dict]:
+    """The probe once per mode, the processes side by side (each loads RLlib: seconds)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.pop("LD_PRELOAD", None)
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, env=env, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROBE, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for mode in modes
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
 
 @pytest.mark.skipif(malloc.why_not() is not None, reason=f"{malloc.why_not()}")
 def test_tuned_process_reuses_freed_buffers():
-    default = _probe("default")
-    tuned = _probe("tune")
+    default, tuned = _probes("default", "tune")
     assert tuned["tuned"] is True and default["tuned"] is False
     pages = (5 * (64 << 20)) // os.sysconf("SC_PAGE_SIZE")
     # glibc's defaults: every 64 MiB buffer is a fresh mmap, faulted in page by page.
