@@ -288,19 +288,31 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
     except ImportError:
         return False
     colors = {STOCK: "tab:gray", FP32_NATIVE: "tab:blue", AMP: "tab:red"}
+    # Seeds of one path: one colour, a line style each (seed 0 solid, 1 dashed, ...).
+    styles = ("-", "--", ":", "-.")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for (date, path, seed), run_rows in group_runs(rows).items():
         raw = _finite(run_rows)
         pts = smoothed(run_rows)
         color = colors.get(path, "black")
+        style = styles[seed % len(styles)]
         label = f"{path}, seed {seed} ({date})"
         axes[0].scatter(
             [r["env_steps"] for r in raw], [r["return"] for r in raw], s=2, color=color, alpha=0.2
         )
         axes[0].plot(
-            [p["env_steps"] for p in pts], [p["return"] for p in pts], label=label, color=color
+            [p["env_steps"] for p in pts],
+            [p["return"] for p in pts],
+            label=label,
+            color=color,
+            linestyle=style,
         )
-        axes[1].plot([p["seconds"] / 3600 for p in pts], [p["return"] for p in pts], color=color)
+        axes[1].plot(
+            [p["seconds"] / 3600 for p in pts],
+            [p["return"] for p in pts],
+            color=color,
+            linestyle=style,
+        )
     axes[0].set_xlabel("env steps")
     axes[1].set_xlabel("wall-clock hours")
     axes[0].set_ylabel(f"return (dots: per iteration; line: last {RETURN_WINDOW} episodes)")

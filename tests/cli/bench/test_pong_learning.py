@@ -273,6 +273,11 @@ def test_the_committed_pong_evidence_is_built_from_its_parquet_files():
     rows = C.read_rows(folder)
     assert rows, "docs/pong/ holds no curve"
     assert {r["path"] for r in rows} <= set(P.PATHS)
+    # A resumed run's file replaces the stopped run's rows past its checkpoint: one row per
+    # iteration of each run, in order.
+    for key, run_rows in C.group_runs(rows).items():
+        its = [r["iteration"] for r in run_rows]
+        assert its == list(range(1, len(its) + 1)), key
     expected = C.report_text(rows)
     with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
         assert f.read() == expected
