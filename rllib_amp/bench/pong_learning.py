@@ -121,7 +121,8 @@ def _save_checkpoint(algo: Any, out: str, path: str, seed: int, point: dict[str,
     """Saves into a new folder, then points ``latest.json`` at it (atomically), then drops the
     older folders: a kill at any moment leaves ``latest.json`` naming a complete checkpoint."""
     root = _checkpoint_dir(out, path, seed)
-    folder = os.path.join(root, f"iter_{point['iteration']:06d}")
+    # Absolute: RLlib's save_to_path takes a relative path for a URI ("URI has empty scheme").
+    folder = os.path.abspath(os.path.join(root, f"iter_{point['iteration']:06d}"))
     algo.save_to_path(folder)
     marker = {**point, "folder": os.path.basename(folder)}
     tmp = os.path.join(root, f"latest.json.tmp-{os.getpid()}")

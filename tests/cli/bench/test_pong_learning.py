@@ -191,6 +191,8 @@ class _FakeAlgo:
                 "env_runners": {"episode_return_mean": -21.0, "num_episodes": 1}}  # fmt: skip
 
     def save_to_path(self, folder):
+        # RLlib's save_to_path reads a relative path as a URI: "URI has empty scheme".
+        assert os.path.isabs(folder), folder
         os.makedirs(folder)
         with open(os.path.join(folder, "steps.json"), "w") as f:
             json.dump(self.steps, f)
@@ -212,7 +214,8 @@ def test_stop_at_ends_the_runs_early_on_the_schedule_of_the_whole_budget(tmp_pat
 
     monkeypatch.setattr(P, "build_config", build_config)
     monkeypatch.setattr(H, "in_child", lambda fn, *a, timeout_s: fn(*a))
-    out = str(tmp_path / "o")
+    monkeypatch.chdir(tmp_path)
+    out = "o"  # relative, as users type it
     args = ["--paths", "fp32-native", "--seeds", "0,1", "--steps", "1000", "--stop-at", "300",
             "--checkpoint-every", "2", "--device", "cpu", "--out", out]  # fmt: skip
     assert P.main(args) == 0
