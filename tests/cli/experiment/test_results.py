@@ -43,7 +43,12 @@ MAX_ITERATIONS = 6
 
 
 @pytest.mark.usefixtures("ray_local")
-@pytest.mark.parametrize("name", list(SETTINGS))
+@pytest.mark.parametrize(
+    "name",
+    # DQN and APPO (about 7 s each) are slow: the default run checks the catalog against
+    # PPO's real results; DQN's and APPO's own key lists meet real results in the slow run.
+    [n if n == "PPO" else pytest.param(n, marks=pytest.mark.slow) for n in SETTINGS],
+)
 def test_catalog_accepts_every_real_key_and_suggests_only_real_ones(name):
     from ray.tune.utils import flatten_dict
 

@@ -231,6 +231,10 @@ def _intact(checkpoint: str) -> bool:
     return os.path.isfile(os.path.join(checkpoint, MANIFEST_FILE_NAME))
 
 
+# About 26 s. In the default run: a full disk during a checkpoint copy named once
+# (unit/sweep/test_storage.py), the one line it ends with (unit/sweep/test_summary.py), and a
+# sweep whose storage fails before any trial (above).
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
     private_tmpfs, tmp_path, session_sweep, trial_results
