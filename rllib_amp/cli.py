@@ -69,13 +69,13 @@ def local_ray_on_loopback(argv: Sequence[str]) -> bool:
     sets it (the switch at "0" would refuse to join a multi-node cluster). True when set.
 
     Example:
-        >>> import os
-        >>> local_ray_on_loopback(["--address", "127.0.0.1:6379"])
+        >>> local_ray_on_loopback(["--addr", "127.0.0.1:6379"])  # argparse takes "--addr"
         False
     """
     import os
 
-    joins = any(a == "--address" or a.startswith("--address=") for a in argv)
+    # argparse takes any unambiguous prefix of a flag: "--ad" and longer are --address.
+    joins = any(len(f) >= 4 and "--address".startswith(f) for f in (a.split("=")[0] for a in argv))
     if joins or os.environ.get("RAY_ADDRESS") or "ray" in sys.modules:
         return False
     os.environ.setdefault(LOOPBACK_RAY_ENV, "0")

@@ -43,6 +43,7 @@ def test_a_local_ray_is_put_on_loopback_before_ray_loads():
     [
         (["--address", "auto"], {}),
         (["--address=127.0.0.1:6379"], {}),
+        (["--addr", "auto"], {}),  # argparse's abbreviation
         ([], {"RAY_ADDRESS": "auto"}),
     ],
 )
