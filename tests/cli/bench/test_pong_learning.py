@@ -284,6 +284,9 @@ def test_the_committed_pong_evidence_is_built_from_its_parquet_files():
     expected = C.report_text(rows)
     with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
         assert f.read() == expected
-    with open(os.path.join(ROOT, "docs", "pong.md"), encoding="utf-8") as f:
-        assert expected.strip() in f.read()
+    for page in ("docs/pong.md", "README.md"):
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            assert expected.strip() in f.read(), (
+                f"{page}: its Pong table is not what the files give"
+            )
     assert os.path.exists(os.path.join(folder, "learning.png"))
