@@ -83,13 +83,13 @@ def continued(files: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]
         >>> [r["env_steps"] for r in continued([killed, resumed])]
         [10, 20, 31, 41]
     """
+    firsts_per_file = [_firsts(rows) for rows in files]
     starts: dict[tuple[Any, ...], list[int]] = {}
-    for rows in files:
-        for key, first in _firsts(rows).items():
+    for firsts in firsts_per_file:
+        for key, first in firsts.items():
             starts.setdefault(key, []).append(first)
     out: list[dict[str, Any]] = []
-    for rows in files:
-        firsts = _firsts(rows)
+    for rows, firsts in zip(files, firsts_per_file):
         for r in rows:
             key = _run_key(r)
             if not any(firsts[key] < k <= r["iteration"] for k in starts[key]):
