@@ -176,7 +176,8 @@ def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -
     The call runs on a helper thread and this one waits: Ctrl-C (or SIGTERM, raised as
     ``rllib_amp.cli.Interrupted``) ends the wait at once, which a thread inside a blocking
     pyarrow call would not notice. A call that times out is left to end on its own (its
-    filesystem's own timeouts end it). Interrupted in a command's process
+    filesystem's own timeouts end it); a command ends its process without waiting for it
+    (``rllib_amp.cli.exit_command``, ``calls_left_running``). Interrupted in a command's process
     (``rllib_amp.cli.may_end_process``), the KeyboardInterrupt propagates and the process
     ends at exit with 128 + the signal without waiting for the call; in a library call,
     RemoteCallInterrupted is raised and nothing ends the caller's process.
@@ -212,10 +213,25 @@ def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -
         _exit_without_waiting_for(done, cli.signal_exit_status(signum))
         raise
     if not finished:
+        _left_running.append(done)  # a command ends without waiting (cli.exit_command)
         raise RemoteTimeout(f"no answer from {where} within {timeout:g} s")
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
+
+
+# ``done`` of each call ``bounded`` stopped waiting for: the call may still run on its thread.
+_left_running: list[threading.Event] = []
+
+
+def calls_left_running() -> int:
+    """How many remote calls ``bounded`` stopped waiting for still run on their threads.
+
+    Example:
+        >>> calls_left_running()
+        0
+    """
+    return sum(not done.is_set() for done in _left_running)
 
 
 class RemoteCallInterrupted(KeyboardInterrupt):

@@ -214,6 +214,64 @@ def test_a_signal_during_a_remote_wait_exits_with_its_status_and_only_a_command_
             assert "earlier exit handler ran" in out, label
 
 
+# A command (or a library caller) whose remote call never answers within bounded's timeout:
+# it says so in one line and ends with status 2. The call stays inside its "library" (here a
+# wait) on its thread; an exit handler registered before it stands for pyarrow's C++ state,
+# which a normal exit destroys under that thread (the SIGSEGV after the line, seen once in
+# a gs:// check): it must not run while the call still runs in a command.
+_LEFT_RUNNING = """
+import atexit, sys, threading
+from rllib_amp import cli, fs
+stuck = threading.Event()
+atexit.register(lambda: print("exit handlers ran", "under the call" if stuck.is_set()
+                              else "after the call", flush=True))
+def never_answers():
+    stuck.set()
+    threading.Event().wait(float(sys.argv[2]))
+    stuck.clear()
+def check(argv):
+    try:
+        fs.bounded(never_answers, "gs://silent", timeout_s=0.3)
+    except fs.RemoteTimeout as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+if sys.argv[1] == "command":
+    cli.run_as_command()
+    cli.exit_command(cli.main_wrapper("prog", check, []))
+sys.exit(check([]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["command", "library"])
+def test_a_command_does_not_exit_under_a_remote_call_left_running(mode):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", _LEFT_RUNNING, mode, "2"], cwd=root, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=root), capture_output=True,
+    )  # fmt: skip
+    label = f"{mode}: {proc.stdout}{proc.stderr}"
+    assert proc.returncode == 2, label
+    assert proc.stderr == "error: no answer from gs://silent within 0.3 s\n", label
+    if mode == "command":  # ended at once: its last line flushed, nothing torn down under it
+        assert "exit handlers ran" not in proc.stdout, label
+    else:  # a library caller's process is its own: a normal exit, its handlers run
+        assert "exit handlers ran" in proc.stdout, label
+    # A call that ended before the exit leaves a command a normal exit too.
+    if mode == "command":
+        proc = subprocess.run(
+            [sys.executable, "-c", _LEFT_RUNNING.replace("timeout_s=0.3", "timeout_s=5"),
+             mode, "0.1"], cwd=root, text=True, timeout=60,
+            env=dict(os.environ, PYTHONPATH=root), capture_output=True,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "exit handlers ran after the call" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_a_warm_start_source_that_cannot_be_opened_is_one_line(monkeypatch):
     from rllib_amp.scaling.warm_start import read_scaler_states
     from tests.cluster.s3 import closed_port
