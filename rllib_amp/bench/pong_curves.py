@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import glob
+import itertools
 import math
 import os
 import statistics
@@ -208,6 +209,30 @@ def group_runs(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, int], 
     return dict(sorted(by_run.items()))
 
 
+def permutation_p(values: Sequence[float], reference: Sequence[float]) -> tuple[int, int]:
+    """The exact one-sided permutation test of "``values`` lower than ``reference``": of all
+    the ways to split the pooled returns into groups of their sizes, (how many give a mean
+    difference at most the observed one, how many ways there are). Their ratio is the
+    p-value; with 3 seeds a side there are 20 ways, so it cannot go below 0.05.
+
+    Example:
+        >>> permutation_p([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])  # the lowest split of 20
+        (1, 20)
+        >>> permutation_p([4.0, 5.0, 6.0], [1.0, 2.0, 3.0])
+        (20, 20)
+    """
+    pooled, n = [*values, *reference], len(values)
+    observed = statistics.fmean(values) - statistics.fmean(reference)
+    total = sum(pooled)
+    at_most = ways = 0
+    for chosen in itertools.combinations(pooled, n):
+        mean_a = sum(chosen) / n
+        mean_b = (total - sum(chosen)) / (len(pooled) - n)
+        ways += 1
+        at_most += mean_a - mean_b <= observed + 1e-9
+    return at_most, ways
+
+
 def compare_at(
     runs: Mapping[tuple[str, str, int], Sequence[Mapping[str, Any]]],
     steps: int,
@@ -216,6 +241,7 @@ def compare_at(
 ) -> dict[str, Any] | None:
     """``path`` against ``reference`` at ``steps`` env steps, over the seeds of each that got
     there: no worse when the mean is at least the reference's minus the larger half-range.
+    ``as_low`` and ``splits``: ``permutation_p`` of path's returns against the reference's.
 
     Example:
         >>> mk = lambda p, s, r: [
@@ -248,6 +274,7 @@ def compare_at(
         "mean": ma,
         "reference_mean": mb,
         "no_worse": ma >= mb - half,
+        **dict(zip(("as_low", "splits"), permutation_p(a, b), strict=True)),
     }
 
 
@@ -337,7 +364,11 @@ def report_text(rows: Sequence[Mapping[str, Any]]) -> str:
             f"\nAt 1M env steps, amp-native {c['mean']:.1f} ({', '.join(f'{v:.1f}' for v in c['values'])}) "  # noqa: E501
             f"vs fp32-native {c['reference_mean']:.1f} "
             f"({', '.join(f'{v:.1f}' for v in c['reference_values'])}): "
-            f"{'no worse' if c['no_worse'] else 'WORSE'} beyond the seed spread."
+            f"{'no worse' if c['no_worse'] else 'WORSE'} beyond the seed spread. "
+            f"Exact permutation test: {c['as_low']} of the {c['splits']} ways to split these "
+            f"{len(c['values']) + len(c['reference_values'])} returns into two such groups "
+            f"put amp-native this far behind or further (one-sided p = "
+            f"{c['as_low'] / c['splits']:.2f})."
         )
     return "\n".join(lines) + "\n"
 

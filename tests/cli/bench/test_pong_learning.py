@@ -118,6 +118,9 @@ def test_amp_against_fp32_at_1m_uses_the_seed_spread():
             runs[("d", path, seed)] = _rows(f"{path}{seed}", path, seed, [(1e6, 1.0, v)])
     c = C.compare_at(runs, 1_000_000)
     assert c["mean"] == -13.0 and c["reference_mean"] == -11.5 and c["no_worse"]
+    # Pooled -10, -16, -11, -12: of the 6 splits, AMP's {-10,-16} (difference -1.5) and the
+    # lower {-16,-12} (-3.5) and {-16,-11} (-2.5) are at most as high: 3 of 6.
+    assert (c["as_low"], c["splits"]) == (3, 6)
     runs[("d", P.AMP, 0)] = _rows("a0", P.AMP, 0, [(1e6, 1.0, -20.0)])
     runs[("d", P.AMP, 1)] = _rows("a1", P.AMP, 1, [(1e6, 1.0, -20.5)])
     assert C.compare_at(runs, 1_000_000)["no_worse"] is False
