@@ -106,7 +106,6 @@ def exit_command(status: int) -> NoReturn:
     if files is None or not files.calls_left_running():
         raise SystemExit(status)
     import logging
-    import os
 
     ray = sys.modules.get("ray")
     if ray is not None:
@@ -114,6 +113,14 @@ def exit_command(status: int) -> NoReturn:
             if ray.is_initialized():
                 ray.shutdown()
     logging.shutdown()
+    end_process_now(status)
+
+
+def end_process_now(status: int) -> NoReturn:
+    """Flushes stdout and stderr, then ends the process with ``status`` (``os._exit``: no exit
+    handler runs). Only for a command's own process (``may_end_process``)."""
+    import os
+
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
@@ -213,7 +212,8 @@ def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -
         _exit_without_waiting_for(done, cli.signal_exit_status(signum))
         raise
     if not finished:
-        _left_running.append(done)  # a command ends without waiting (cli.exit_command)
+        # A command ends without waiting (cli.exit_command); calls that ended are dropped.
+        _left_running[:] = [*(d for d in _left_running if not d.is_set()), done]
         raise RemoteTimeout(f"no answer from {where} within {timeout:g} s")
     if "error" in box:
         raise box["error"]
@@ -256,14 +256,12 @@ def _exit_without_waiting_for(done: threading.Event, status: int) -> None:
     registered before it: only a command's own process, ``rllib_amp.cli.may_end_process``,
     asks for it); output is flushed first."""
     import atexit
-    import sys
 
     def end_now() -> None:
         if not done.is_set():
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(status)
+            from rllib_amp import cli
+
+            cli.end_process_now(status)
 
     atexit.register(end_now)
 
