@@ -128,6 +128,30 @@ def test_amp_against_fp32_at_1m_uses_the_seed_spread():
     assert C.compare_at(runs, 1_000_000) is None  # one seed is no evidence
 
 
+def test_the_replication_is_judged_on_its_own_seeds_once_all_of_them_got_to_1m():
+    # Seeds 0 and 1: AMP far ahead; the replication's seeds: AMP far behind. The replication's
+    # verdict reads its seeds alone, and only once every one of them, of both paths, got there.
+    assert C.REPLICATION_SEEDS == (4, 5)
+    vals = {P.AMP: {0: 15.0, 1: 16.0, 4: -10.0, 5: -11.0},
+            P.FP32_NATIVE: {0: -5.0, 1: -6.0, 4: 12.0, 5: 13.0}}  # fmt: skip
+    rows = [r for path, by_seed in vals.items() for seed, v in by_seed.items()
+            for r in _rows(f"{path}{seed}", path, seed, [(1e6, 1.0, v)])]  # fmt: skip
+    r = C.compare_at(C.group_runs(rows), 1_000_000, seeds=C.REPLICATION_SEEDS)
+    assert r["values"] == [-10.0, -11.0] and r["reference_values"] == [12.0, 13.0]
+    assert r["no_worse"] is False and (r["as_low"], r["splits"]) == (1, 6)
+    text = C.report_text(rows)
+    assert "every seed on record: amp-native 2.5 (15.0, 16.0, -10.0, -11.0)" in text
+    assert (
+        "The replication decided before its runs (seeds 4 and 5 of each path, docs/pong.md), "
+        "at 1M env steps: amp-native -10.5 (-10.0, -11.0) vs fp32-native 12.5 (12.0, 13.0): "
+        "WORSE beyond the seed spread." in text
+    )
+    # Three of its four runs in: no replication verdict yet, the pooled one as before.
+    partial = [r for r in rows if (r["path"], r["seed"]) != (P.FP32_NATIVE, 5)]
+    assert "replication" not in C.report_text(partial)
+    assert "every seed on record" in C.report_text(partial)
+
+
 def test_plot_only_builds_the_figure_and_table_from_the_parquet_files_alone(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     day1 = _rows("amp-native-seed0", P.AMP, 0, [(1e6, 3600.0, -15.0), (2e6, 7200.0, 1.0)])
