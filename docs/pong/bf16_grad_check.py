@@ -4,7 +4,7 @@ batch, next to how far the gradient moves between two halves of one batch (sampl
     python docs/pong/bf16_grad_check.py \
         results/pong_2026-12-02_amp_s2/checkpoints/amp-native-seed2/iter_000971
 
-Restores a Pong run's checkpoint (``pong_learning``'s amp-native config; no argument: the
+Restores a Pong run's checkpoint (``studies.learning``'s amp-native config; no argument: the
 freshly initialised module), samples 2,048 env steps with its policy, builds the learner's
 train batch once (advantages, value targets), then takes PPO's loss gradient on that batch
 with the forward pass and loss in float32 and under bfloat16 autocast (as the amp-native
@@ -21,7 +21,7 @@ import sys
 import torch
 from ray.rllib.core.learner.training_data import TrainingData
 
-from rllib_amp.bench import pong_learning as P
+from studies import learning as P
 
 ckpt = sys.argv[1] if len(sys.argv) > 1 else None
 torch.manual_seed(0)

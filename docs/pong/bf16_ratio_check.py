@@ -4,7 +4,7 @@ log-probs the EnvRunner sampled with: the probability ratio's error before any u
     python docs/pong/bf16_ratio_check.py \
         results/pong_2026-12-01/checkpoints/amp-native-seed0/iter_002918
 
-Restores a Pong run's checkpoint (``pong_learning``'s amp-native config), samples 2,048 env
+Restores a Pong run's checkpoint (``studies.learning``'s amp-native config), samples 2,048 env
 steps with its policy, runs the module's training forward pass in float32 and under bfloat16
 autocast, and prints the differences as one JSON line (docs/pong/bf16_ratio_check.json holds
 the 2026-12-02 output). See docs/pong.md.
@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import torch
 
-from rllib_amp.bench import pong_learning as P
+from studies import learning as P
 
 ckpt = sys.argv[1] if len(sys.argv) > 1 else None
 algo = P.build_config("amp-native", 0, 3_000_000, "cpu", None).build_algo()

@@ -35,6 +35,9 @@ MAX_BATCH = 10**7
 RESOURCES: dict[str, tuple[str, tuple[type, ...], float, float | None]] = {
     "num_env_runners": ("env_runners", (int,), 0, MAX_ENV_RUNNERS),
     "num_envs_per_env_runner": ("env_runners", (int,), 1, MAX_ENVS_PER_ENV_RUNNER),
+    # Env steps per env per sample round: with DQN's default training intensity, one update
+    # per round, so this sets the train frequency.
+    "rollout_fragment_length": ("env_runners", (int,), 1, None),
     "num_cpus_per_env_runner": ("env_runners", (int, float), 0, None),
     "num_gpus_per_env_runner": ("env_runners", (int, float), 0, None),
     "num_learners": ("learners", (int,), 0, MAX_ENV_RUNNERS),

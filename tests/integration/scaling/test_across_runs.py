@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_amp.bench.scaler_study import (
+from studies.scaler_study import (
     Batches,
     build_learner,
-    fresh_vs_warm,
-    markdown,
     sample_batches,
     train,
 )
@@ -34,7 +32,7 @@ def _two_modules() -> Batches:
     """A two-policy PPO learner's config and spaces; no episodes (built, not trained)."""
     from ray.rllib.algorithms.ppo import PPOConfig
 
-    from rllib_amp.bench.scaler_study import LossFactorLearner
+    from studies.scaler_study import LossFactorLearner
 
     obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     cfg = (
@@ -184,30 +182,3 @@ def test_warm_start_from_an_algorithm_checkpoint_folder(single, tmp_path):
     assert expected[0] != 2.0**20
     lrn = build_learner(single, BIG, warm_start={"from": str(tmp_path / "algo")})
     assert (lrn.amp_scalers[MID].get_scale(), lrn.amp_scalers[MID].growth_tracker) == expected
-
-
-# -- the measurement, smoke-sized ------------------------------------------------------------
-def test_scaler_study_smoke(tmp_path):
-    batches = sample_batches(multi_agent=False, batches=1, batch_size=32)
-    rows = fresh_vs_warm(batches, factor=1000.0, updates=3, folder=str(tmp_path))
-    fresh, warm = rows
-    assert (fresh.setup, warm.setup) == ("fresh, init_scale 65536", "warm start")
-    assert fresh.start_scale == 65536.0 and warm.start_scale < 65536.0
-    assert fresh.skipped == 3 and warm.skipped <= fresh.skipped
-    table = markdown(rows, "test machine")
-    assert table.splitlines()[0].endswith("test machine")
-    assert "| (a) loss x1000 | warm start | default_policy |" in table
-
-
-def test_scaler_study_cli_refuses_bad_input(capsys):
-    from rllib_amp.bench.scaler_study import main
-
-    assert main(["--updates", "0"]) == 2
-    assert main(["--two-task-factors", "1000,inf"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        "python -m rllib_amp.bench.scaler_study: error: --updates: got '0'; must be a finite "
-        "number > 0",
-        "python -m rllib_amp.bench.scaler_study: error: --two-task-factors: got 'inf'; must be "
-        "a finite number > 0",
-    ]

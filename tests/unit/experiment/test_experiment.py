@@ -182,6 +182,11 @@ BAD = [
         "resources.num_env_runners: got -1; must be >= 0",
     ),
     (
+        "bad rollout fragment",
+        GOOD.replace("num_env_runners: 0", "num_env_runners: 0, rollout_fragment_length: 0"),
+        "resources.rollout_fragment_length: got 0; must be >= 1",
+    ),
+    (
         "bad tune mode",
         GOOD + "tune: {mode: biggest}\n",
         "tune.mode: got 'biggest'; allowed: max, min",
@@ -467,3 +472,12 @@ def test_integer_samplers_on_integer_keys_and_float_samplers_on_float_keys_pass(
     )
     with pytest.raises(E.ExperimentError, match=r"got 2\.5; expected an integer"):
         _exp(search={"training.num_epochs": {"grid": [1, 2.5]}})
+
+
+def test_rollout_fragment_length_sets_the_env_runners_fragment(tmp_path):
+    """DQN's train frequency: env steps per env per sample round (RLlib's default: auto)."""
+    f = tmp_path / "e.yaml"
+    f.write_text(
+        GOOD.replace("num_env_runners: 0", "num_env_runners: 0, rollout_fragment_length: 7")
+    )
+    assert E.load(str(f)).algorithm_config().rollout_fragment_length == 7

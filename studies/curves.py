@@ -21,11 +21,12 @@ import math
 import os
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rllib_amp.cli import UsageError
 
-# The paths a run trains along (``pong_learning.PATHS`` maps them to the benchmark's variants).
+# The paths a Pong run trains along (``learning.PATHS`` maps them to the benchmark's variants).
 STOCK = "stock"
 FP32_NATIVE = "fp32-native"
 AMP = "amp-native"
@@ -33,12 +34,52 @@ AMP = "amp-native"
 # iteration is the mean over the episodes that ended in it (none, one or a few for 16 Pong
 # envs and 1,024 steps), so the window is computed here from each iteration's mean and count.
 RETURN_WINDOW = 20
-MILESTONE_STEPS = (1_000_000, 2_000_000, 3_000_000)
-MILESTONE_RETURNS = (0.0, 18.0)
-# The AMP-vs-float32 replication at 1M env steps, fixed in docs/pong.md before any of its runs
-# started: these seeds of each path, judged on their own by ``compare_at``'s rule. Seeds 0-3
-# of each path were added after looking at earlier verdicts, so they cannot settle it.
-REPLICATION_SEEDS = (4, 5)
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a task's report reads off its curves.
+
+    Args:
+        name: the ``--task`` of ``studies.learning``.
+        title: the figure's title.
+        amp: the AMP path's name; ``reference``: the float32 path it is compared with.
+        compare_steps: env steps at which the two are compared.
+        replication_seeds: the seeds of each path whose comparison was fixed in the docs
+            before any of their runs started; the report judges them on their own.
+        doc: the page that fixed them.
+        milestone_steps: env steps at which the table gives the return.
+        milestone_returns: the returns whose first crossing the table gives.
+        ylim: the figure's return axis.
+    """
+
+    name: str
+    title: str
+    amp: str
+    reference: str
+    compare_steps: int
+    replication_seeds: tuple[int, ...]
+    doc: str
+    milestone_steps: tuple[int, ...]
+    milestone_returns: tuple[float, ...]
+    ylim: tuple[float, float]
+
+
+# Pong's replication at 1M env steps (seeds 4 and 5, docs/pong.md): seeds 0-3 of each path
+# were added after looking at earlier verdicts, so they cannot settle it.
+PONG_PPO = Task(
+    "pong-ppo", "PPO on ALE/Pong-v5 (CleanRL's ppo_atari settings)", AMP, FP32_NATIVE,
+    1_000_000, (4, 5), "docs/pong.md", (1_000_000, 2_000_000, 3_000_000), (0.0, 18.0),
+    (-21.5, 21.5),
+)  # fmt: skip
+# CartPole DQN: seeds 0-2 of each path at 500k env steps, fixed in docs/dqn.md before the runs.
+CARTPOLE_DQN = Task(
+    "cartpole-dqn", "DQN on CartPole-v1 (CleanRL's dqn.py settings)", "amp", "fp32",
+    500_000, (0, 1, 2), "docs/dqn.md", (100_000, 250_000, 500_000), (195.0, 475.0),
+    (0.0, 510.0),
+)  # fmt: skip
+TASKS = {t.name: t for t in (PONG_PPO, CARTPOLE_DQN)}
+REPLICATION_SEEDS = PONG_PPO.replication_seeds
 # Column -> pyarrow type name of curves.parquet (types fixed, so files of any day concatenate).
 COLUMNS = {
     "run": "string",
@@ -179,11 +220,23 @@ def return_at(rows: Sequence[Mapping[str, Any]], steps: float) -> float | None:
     return float(points[-1]["return"]) if reached and points else None
 
 
-def run_milestones(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One run's figures: the mean return of the last RETURN_WINDOW episodes at 1M, 2M and
-    3M env steps (``return_at``); env steps and seconds to first reach 0 and +18 with that
-    mean; its final value. None where the run never got there (or the window never
-    filled)."""
+def steps_label(steps: int) -> str:
+    """Env steps as the table's headers and the milestone keys write them.
+
+    Example:
+        >>> steps_label(1_000_000), steps_label(250_000), steps_label(1_500_000)
+        ('1M', '250k', '1.5M')
+    """
+    if steps >= 1_000_000:
+        return f"{steps / 1e6:g}M"
+    return f"{steps / 1e3:g}k"
+
+
+def run_milestones(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> dict[str, Any]:
+    """One run's figures: the mean return of the last RETURN_WINDOW episodes at the task's
+    milestone steps (``return_at``; Pong: 1M, 2M, 3M); env steps and seconds to first reach
+    each milestone return with that mean (Pong: 0 and +18); its final value. None where the
+    run never got there (or the window never filled)."""
     rows = sorted(rows, key=lambda r: r["env_steps"])
     points = [p for p in smoothed(rows) if p["full"]]
     out: dict[str, Any] = {
@@ -191,9 +244,9 @@ def run_milestones(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "seconds": rows[-1]["seconds"] if rows else 0.0,
         "final": points[-1]["return"] if points else None,
     }
-    for m in MILESTONE_STEPS:
-        out[f"return_at_{m // 1_000_000}M"] = return_at(rows, m)
-    for target in MILESTONE_RETURNS:
+    for m in task.milestone_steps:
+        out[f"return_at_{steps_label(m)}"] = return_at(rows, m)
+    for target in task.milestone_returns:
         hit = next((p for p in points if p["return"] >= target), None)
         out[f"steps_to_{target:g}"] = hit["env_steps"] if hit else None
         out[f"seconds_to_{target:g}"] = hit["seconds"] if hit else None
@@ -286,7 +339,7 @@ def compare_at(
     }
 
 
-def table(rows: Sequence[Mapping[str, Any]]) -> str:
+def table(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str:
     """The markdown table of every run in ``rows``: one line per run."""
 
     def num(v: Any, fmt: str = "{:.1f}") -> str:
@@ -295,24 +348,32 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     def steps_time(s: Any, t: Any) -> str:
         return "-" if s is None else f"{s / 1e6:.2f}M / {t / 60:.0f} min"
 
-    lines = [
-        "| date | path | seed | env steps | hours | return at 1M | 2M | 3M | final "
-        "| to 0 (steps / time) | to +18 | machine |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    at = [f"return at {steps_label(task.milestone_steps[0])}"]
+    at += [steps_label(m) for m in task.milestone_steps[1:]]
+    to = [f"to {task.milestone_returns[0]:g} (steps / time)"]
+    to += [f"to {r:+g}" for r in task.milestone_returns[1:]]
+    header = ["date", "path", "seed", "env steps", "hours", *at, "final", *to, "machine"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (date, path, seed), run_rows in group_runs(rows).items():
-        m = run_milestones(run_rows)
-        lines.append(
-            f"| {date} | {path} | {seed} | {m['env_steps'] / 1e6:.2f}M | "
-            f"{m['seconds'] / 3600:.2f} | {num(m['return_at_1M'])} | {num(m['return_at_2M'])} | "
-            f"{num(m['return_at_3M'])} | {num(m['final'])} | "
-            f"{steps_time(m['steps_to_0'], m['seconds_to_0'])} | "
-            f"{steps_time(m['steps_to_18'], m['seconds_to_18'])} | {run_rows[0]['machine']} |"
-        )
+        m = run_milestones(run_rows, task)
+        cells = [
+            date,
+            path,
+            str(seed),
+            f"{m['env_steps'] / 1e6:.2f}M",
+            f"{m['seconds'] / 3600:.2f}",
+        ]
+        cells += [num(m[f"return_at_{steps_label(s)}"]) for s in task.milestone_steps]
+        cells.append(num(m["final"]))
+        cells += [
+            steps_time(m[f"steps_to_{r:g}"], m[f"seconds_to_{r:g}"]) for r in task.milestone_returns
+        ]
+        cells.append(run_rows[0]["machine"])
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
+def plot(rows: Sequence[Mapping[str, Any]], png: str, task: Task = PONG_PPO) -> bool:
     """learning.png from the rows alone: return against env steps and against hours. False
     (and nothing written) without matplotlib."""
     try:
@@ -322,7 +383,7 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    colors = {STOCK: "tab:gray", FP32_NATIVE: "tab:blue", AMP: "tab:red"}
+    colors = {STOCK: "tab:gray", task.reference: "tab:blue", task.amp: "tab:red"}
     # Seeds of one path: one colour, a line style each (seed 0 solid, 1 dashed, ... 6 styles).
     styles = ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 1)))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -353,58 +414,60 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> bool:
     axes[0].set_ylabel(f"return (dots: per iteration; line: last {RETURN_WINDOW} episodes)")
     for ax in axes:
         ax.axhline(0, color="black", linewidth=0.5)
-        ax.set_ylim(-21.5, 21.5)
+        ax.set_ylim(*task.ylim)
     axes[0].legend(fontsize=7)
-    fig.suptitle("PPO on ALE/Pong-v5 (CleanRL's ppo_atari settings)")
+    fig.suptitle(task.title)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return True
 
 
-def _verdict(c: Mapping[str, Any]) -> str:
+def _verdict(c: Mapping[str, Any], task: Task) -> str:
     """One ``compare_at`` result in words: both means, each seed, the rule, the test."""
     n = len(c["values"]) + len(c["reference_values"])
     return (
-        f"amp-native {c['mean']:.1f} ({', '.join(f'{v:.1f}' for v in c['values'])}) "
-        f"vs fp32-native {c['reference_mean']:.1f} "
+        f"{task.amp} {c['mean']:.1f} ({', '.join(f'{v:.1f}' for v in c['values'])}) "
+        f"vs {task.reference} {c['reference_mean']:.1f} "
         f"({', '.join(f'{v:.1f}' for v in c['reference_values'])}): "
         f"{'no worse' if c['no_worse'] else 'WORSE'} beyond the seed spread. "
         f"Exact permutation test: {c['as_low']} of the {c['splits']} ways to split these "
-        f"{n} returns into two such groups put amp-native this far behind or further "
+        f"{n} returns into two such groups put {task.amp} this far behind or further "
         f"(one-sided p = {c['as_low'] / c['splits']:.2f})."
     )
 
 
-def report_text(rows: Sequence[Mapping[str, Any]]) -> str:
-    """table.md's text: the table of every run; AMP against float32 at 1M env steps when both
-    have two seeds or more there; and the replication (``REPLICATION_SEEDS``) on its own once
-    each of its seeds of both paths got there."""
-    lines = [table(rows)]
+def report_text(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str:
+    """table.md's text: the table of every run; AMP against float32 at the task's
+    ``compare_steps`` when both have two seeds or more there; and the replication
+    (``task.replication_seeds``) on its own once each of its seeds of both paths got there."""
+    lines = [table(rows, task)]
     runs = group_runs(rows)
-    c = compare_at(runs, 1_000_000)
+    at = steps_label(task.compare_steps)
+    c = compare_at(runs, task.compare_steps, task.amp, task.reference)
     if c is not None:
-        lines.append(f"\nAt 1M env steps, every seed on record: {_verdict(c)}")
-    r = compare_at(runs, 1_000_000, seeds=REPLICATION_SEEDS)
-    if r is not None and len(r["values"]) == len(r["reference_values"]) == len(REPLICATION_SEEDS):
-        seeds = " and ".join(str(s) for s in REPLICATION_SEEDS)
+        lines.append(f"\nAt {at} env steps, every seed on record: {_verdict(c, task)}")
+    seeds = task.replication_seeds
+    r = compare_at(runs, task.compare_steps, task.amp, task.reference, seeds=seeds)
+    if r is not None and len(r["values"]) == len(r["reference_values"]) == len(seeds):
+        named = " and ".join([", ".join(map(str, seeds[:-1])), str(seeds[-1])][-len(seeds) :])
         lines.append(
-            f"\nThe replication decided before its runs (seeds {seeds} of each path, "
-            f"docs/pong.md), at 1M env steps: {_verdict(r)}"
+            f"\nThe replication decided before its runs (seeds {named} of each path, "
+            f"{task.doc}), at {at} env steps: {_verdict(r, task)}"
         )
     return "\n".join(lines) + "\n"
 
 
-def write_report(folder: str) -> list[str]:
+def write_report(folder: str, task: Task = PONG_PPO) -> list[str]:
     """learning.png and table.md in ``folder``, from every parquet under it."""
     rows = read_rows(folder)
     if not rows:
         raise UsageError(f"--plot-only: no curve rows in any *.parquet under {folder!r}")
     md = os.path.join(folder, "table.md")
     with open(md, "w", encoding="utf-8") as f:
-        f.write(report_text(rows))
+        f.write(report_text(rows, task))
     written = [md]
     png = os.path.join(folder, "learning.png")
-    if plot(rows, png):
+    if plot(rows, png, task):
         written.append(png)
     return written

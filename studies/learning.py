@@ -1,7 +1,12 @@
-"""Pong learning evidence: PPO on ALE/Pong-v5, resumable runs whose curves are kept as data.
+"""Learning evidence: resumable runs whose curves are kept as data, one ``--task`` each.
 
-Three paths, each with ``tune_configs/pong_ppo_amp.yaml``'s PPO settings (CleanRL's
-``ppo_atari`` recipe), the Nature CNN ("full") and one local EnvRunner of 16 envs:
+``--task cartpole-dqn``: DQN on CartPole-v1 with ``tune_configs/cartpole_dqn_amp.yaml``
+(CleanRL's ``dqn.py`` recipe) along two paths, ``amp`` (the file's float16 + scaler) and
+``fp32`` (the same with ``amp.enabled: false``).
+
+``--task pong-ppo`` (the default): PPO on ALE/Pong-v5 along three paths, each with
+``tune_configs/pong_ppo_amp.yaml``'s PPO settings (CleanRL's ``ppo_atari`` recipe), the
+Nature CNN ("full") and one local EnvRunner of 16 envs:
 
 - ``stock``: RLlib as it ships: float32, RLlib's Python Atari wrappers, float32 observations;
 - ``fp32-native``: ALE's native vector env and uint8 observations, float32 training;
@@ -12,10 +17,12 @@ wall-clock axis is the point), appends a row to ``OUT/curves.parquet`` after eve
 (a killed run keeps everything up to its last iteration) and checkpoints every
 ``--checkpoint-every`` iterations under ``OUT/checkpoints/``::
 
-    python -m rllib_amp.bench.pong_learning --paths amp-native --seeds 0 --steps 3000000 \\
+    python -m studies.learning --paths amp-native --seeds 0 --steps 3000000 \\
         --out pong_run
-    python -m rllib_amp.bench.pong_learning --resume pong_run     # after a kill, same day
-    python -m rllib_amp.bench.pong_learning --plot-only docs/pong # figure + table from parquet
+    python -m studies.learning --task cartpole-dqn --paths amp,fp32 --seeds 0,1,2 \\
+        --steps 500000 --out cartpole_run
+    python -m studies.learning --resume pong_run     # after a kill, same day
+    python -m studies.learning --plot-only docs/pong # figure + table from parquet
 
 ``--stop-at N`` ends each run at N env steps while its lr schedule still anneals over
 ``--steps``: the early part of a longer run, to compare paths at a milestone (1M) of the
@@ -40,23 +47,35 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rllib_amp.bench.pong_curves import (
+from rllib_amp.cli import Parser, UsageError, main_wrapper
+from studies.curves import (
     AMP,
+    CARTPOLE_DQN,
     FP32_NATIVE,
+    PONG_PPO,
     STOCK,
+    TASKS,
     read_rows,
     table,
     write_report,
     write_rows,
 )
-from rllib_amp.cli import Parser, UsageError, main_wrapper
 
-PROG = "python -m rllib_amp.bench.pong_learning"
+PROG = "python -m studies.learning"
 # Path name -> the Atari-path variant of rllib_amp.bench (workloads.PATH_VARIANTS).
 PATHS = {STOCK: "fp32 wrappers", FP32_NATIVE: "fp32 native", AMP: "amp native"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CARTPOLE_DQN_YAML = os.path.join(ROOT, "tune_configs", "cartpole_dqn_amp.yaml")
+# Path name -> the overrides of CARTPOLE_DQN_YAML it trains with.
+DQN_PATHS: dict[str, dict[str, Any]] = {
+    CARTPOLE_DQN.amp: {},
+    CARTPOLE_DQN.reference: {"amp.enabled": False},
+}
+# Task -> its paths.
+TASK_PATHS: dict[str, Mapping[str, Any]] = {PONG_PPO.name: PATHS, CARTPOLE_DQN.name: DQN_PATHS}
 # tune_configs/pong_ppo_amp.yaml's training section without its lr schedule (a test keeps the
 # two equal); the schedule anneals LR_START linearly to 0 over the run's step budget.
 TRAINING: dict[str, Any] = {
@@ -134,8 +153,17 @@ def _save_checkpoint(algo: Any, out: str, path: str, seed: int, point: dict[str,
             shutil.rmtree(old, ignore_errors=True)
 
 
-def build_config(path: str, seed: int, steps: int, device: str, batch: int | None) -> Any:
-    """The PPO config of one run."""
+def build_config(
+    path: str, seed: int, steps: int, device: str, batch: int | None, task: str = PONG_PPO.name
+) -> Any:
+    """The algorithm config of one run of ``task``."""
+    if task == CARTPOLE_DQN.name:
+        from rllib_amp.experiment import load
+
+        overrides = {**DQN_PATHS[path], "seed": seed}
+        if batch is not None:
+            overrides["training.train_batch_size_per_learner"] = batch
+        return load(CARTPOLE_DQN_YAML, overrides).algorithm_config()
     from rllib_amp.bench.atari_figures import path_configs
 
     training = {**TRAINING, "lr": lr_schedule(steps)}
@@ -158,13 +186,14 @@ def train_one(
     checkpoint_every: int,
     machine: str,
     stop_at: int | None = None,
+    task: str = PONG_PPO.name,
 ) -> int:
     """Trains one run up to ``stop_at`` env steps (default ``steps``, the lr schedule's
     length), from its last checkpoint when there is one; appends each iteration's point to
     ``OUT/curves.parquet``. Returns the iterations run."""
     stop = steps if stop_at is None else stop_at
     run = _run_name(path, seed)
-    algo = build_config(path, seed, steps, device, batch).build_algo()
+    algo = build_config(path, seed, steps, device, batch, task).build_algo()
     ckpt = last_checkpoint(out, path, seed)
     offset_s, iteration = 0.0, 0
     if ckpt is not None:
@@ -206,7 +235,7 @@ def train_one(
             if iteration % checkpoint_every == 0 or done >= stop:
                 _save_checkpoint(algo, out, path, seed, point)
             print(
-                f"[pong] {run}: {done:,.0f} steps, {point['seconds']:.0f} s, return {ret:.2f}",
+                f"[{task}] {run}: {done:,.0f} steps, {point['seconds']:.0f} s, return {ret:.2f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -226,20 +255,30 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def _paths(text: str) -> list[str]:
+def _paths(text: str, task: str = PONG_PPO.name) -> list[str]:
+    known, t = TASK_PATHS[task], TASKS[task]
     paths = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in paths if p not in PATHS]
+    bad = [p for p in paths if p not in known]
     if bad or not paths:
         raise UsageError(
-            f"--paths: got {text!r}; give one or more of {', '.join(PATHS)}, "
-            "e.g. --paths amp-native,fp32-native"
+            f"--paths: got {text!r}; give one or more of {', '.join(known)} (--task {task}), "
+            f"e.g. --paths {t.amp},{t.reference}"
         )
     return paths
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--paths", default=AMP, help=f"comma-separated of: {', '.join(PATHS)}")
+    p.add_argument("--task", choices=tuple(TASKS), default=PONG_PPO.name, help="what to train")
+    p.add_argument(
+        "--paths",
+        default=None,
+        help="comma-separated; pong-ppo: "
+        + ", ".join(PATHS)
+        + "; cartpole-dqn: "
+        + ", ".join(DQN_PATHS)
+        + " (default: the task's AMP path)",
+    )
     p.add_argument("--steps", type=int, default=3_000_000, help="env steps per run")
     p.add_argument(
         "--stop-at",
@@ -272,7 +311,8 @@ def _new_run(args: argparse.Namespace) -> dict[str, Any]:
     if args.checkpoint_every < 1:
         raise UsageError(f"--checkpoint-every: got {args.checkpoint_every}; must be >= 1")
     spec = {
-        "paths": _paths(args.paths),
+        "task": args.task,
+        "paths": _paths(args.paths or TASKS[args.task].amp, args.task),
         "seeds": _seeds(args.seeds),
         "steps": args.steps,
         "stop_at": args.stop_at,
@@ -305,7 +345,7 @@ def _resumed_run(out: str) -> dict[str, Any]:
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.plot_only:
-        for f in write_report(args.plot_only):
+        for f in write_report(args.plot_only, TASKS[args.task]):
             print(f"wrote {f}")
         return 0
     out = args.resume or args.out
@@ -319,7 +359,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible; use --device cpu")
     machine = machine_description(device)
-    print(f"rllib-amp Pong learning, {machine}", flush=True)
+    # run.json of a run started before --task existed has no "task": it is Pong PPO.
+    task = spec.get("task", PONG_PPO.name)
+    print(f"rllib-amp learning ({task}), {machine}", flush=True)
     # run.json of a run started before --stop-at existed has no "stop_at": it trains to "steps".
     stop_at = spec.get("stop_at") or spec["steps"]
     for seed in spec["seeds"]:
@@ -330,11 +372,11 @@ def run(argv: Sequence[str] | None = None) -> int:
                 continue
             in_child(
                 train_one, out, path, seed, spec["steps"], device, spec["batch"],
-                spec["checkpoint_every"], machine, stop_at, timeout_s=RUN_TIMEOUT_S,
+                spec["checkpoint_every"], machine, stop_at, task, timeout_s=RUN_TIMEOUT_S,
             )  # fmt: skip
     rows = read_rows(os.path.join(out, CURVES))
-    print(table(rows))
-    for f in write_report(out):
+    print(table(rows, TASKS[task]))
+    for f in write_report(out, TASKS[task]):
         print(f"wrote {f}")
     return 0
 

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from rllib_amp.bench import pong_curves as C
-from rllib_amp.bench import pong_learning as P
+from studies import curves as C
+from studies import learning as P
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MACHINE = "test machine"
 
 
@@ -182,6 +182,11 @@ def test_plot_only_of_a_folder_without_curves_exits_2(tmp_path, capsys):
         (["--seeds", ","], "--seeds: got no seed"),
         (["--batch", "1"], "--batch: got 1; must be >= 2"),
         (["--paths", "amp"], "--paths: got 'amp'; give one or more of stock, fp32-native"),
+        (
+            ["--task", "cartpole-dqn", "--paths", "amp-native"],
+            "--paths: got 'amp-native'; give one or more of amp, fp32 (--task cartpole-dqn)",
+        ),
+        (["--task", "pong-dqn"], "--task: invalid choice: 'pong-dqn'"),
         (["--checkpoint-every", "0"], "--checkpoint-every: got 0; must be >= 1"),
         (["--steps", "100", "--stop-at", "200"], "--stop-at: got 200; must be between 1 and"),
         (["--stop-at", "0"], "--stop-at: got 0; must be between 1 and --steps (3000000)"),
@@ -192,6 +197,39 @@ def test_bad_input_exits_2_with_one_line(capsys, tmp_path, args, fragment):
     assert P.main([*args, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err and err.startswith(P.PROG)
+
+
+def test_cartpole_dqn_paths_differ_in_precision_only():
+    """The two CartPole DQN paths are the YAML's recipe; fp32 only turns AMP off."""
+    amp, fp32 = (
+        P.build_config(p, 3, 500_000, "cpu", None, "cartpole-dqn") for p in ("amp", "fp32")
+    )
+    a, f = amp.learner_config_dict["rllib_amp"], fp32.learner_config_dict["rllib_amp"]
+    assert (a.pop("enabled"), a["dtype"], f.pop("enabled")) == ("auto", "float16", False)
+    assert a == f
+    for cfg in (amp, fp32):
+        assert (cfg.seed, cfg.lr, cfg.train_batch_size_per_learner, cfg.rollout_fragment_length,
+                cfg.target_network_update_freq, cfg.double_q, cfg.dueling) == (
+                3, 0.00025, 128, 10, 500, False, False)  # fmt: skip
+    assert (
+        P.build_config("fp32", 0, 1, "cpu", 64, "cartpole-dqn").train_batch_size_per_learner == 64
+    )
+
+
+def test_the_cartpole_report_reads_its_own_milestones_and_paths():
+    rows = []
+    for path, finals in (("amp", (480.0, 490.0, 500.0)), ("fp32", (470.0, 500.0, 495.0))):
+        for seed, final in enumerate(finals):
+            points = [(1e5, 60.0, 20.0), (2.5e5, 150.0, 300.0), (5e5, 300.0, final)]
+            rows += _rows(f"{path}-seed{seed}", path, seed, points)
+    text = C.report_text(rows, C.CARTPOLE_DQN)
+    assert "| return at 100k | 250k | 500k | final | to 195 (steps / time) | to +475 |" in text
+    assert (
+        "| 2026-12-01 | amp | 0 | 0.50M | 0.08 | 20.0 | 300.0 | 480.0 | 480.0 | 0.25M / 2 min"
+        in text
+    )
+    assert "(seeds 0, 1 and 2 of each path, docs/dqn.md), at 500k env steps: amp 490.0" in text
+    assert "vs fp32 488.3 (470.0, 500.0, 495.0): no worse beyond the seed spread" in text
 
 
 def test_resume_of_a_folder_without_a_run_and_a_second_start_exit_2(tmp_path, capsys):
@@ -235,7 +273,7 @@ def test_stop_at_ends_the_runs_early_on_the_schedule_of_the_whole_budget(tmp_pat
 
     built = []
 
-    def build_config(path, seed, steps, device, batch):
+    def build_config(path, seed, steps, device, batch, task):
         built.append(P.lr_schedule(steps))
         return types.SimpleNamespace(build_algo=lambda: _FakeAlgo(built))
 
@@ -267,11 +305,13 @@ def _curve(out):
 def test_a_killed_run_resumes_from_its_checkpoint_without_gap_or_duplicate(tmp_path):
     # OUT given as a relative path, as users type it (RLlib's restore refuses a relative one).
     out = tmp_path / "pong"
-    cmd = [sys.executable, "-m", "rllib_amp.bench.pong_learning", "--paths", "amp-native",
+    cmd = [sys.executable, "-m", "studies.learning", "--paths", "amp-native",
            "--seeds", "0", "--steps", "2048", "--batch", "128", "--checkpoint-every", "3",
            "--device", "cpu", "--out", "pong"]  # fmt: skip
+    # The studies are imported from the repository root, wherever the command runs.
+    env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, cwd=tmp_path)  # fmt: skip
+                            start_new_session=True, cwd=tmp_path, env=env)  # fmt: skip
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if (out / P.CURVES).exists() and len(_curve(out)) >= 5:
@@ -283,8 +323,10 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_gap_or_duplicate(tmp_p
     assert 5 <= len(before) < 16, before
     ckpt = P.last_checkpoint(str(out), P.AMP, 0)
     assert ckpt is not None and ckpt["iteration"] % 3 == 0
-    resume = [sys.executable, "-m", "rllib_amp.bench.pong_learning", "--resume", "pong"]
-    done = subprocess.run(resume, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    resume = [sys.executable, "-m", "studies.learning", "--resume", "pong"]
+    done = subprocess.run(
+        resume, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     after = _curve(out)
     # Points up to the checkpoint are kept as they were; the rest trained again once.

@@ -1,4 +1,4 @@
-"""``python -m rllib_amp.bench.scaler_study``: the scaler across runs and tasks, measured.
+"""``python -m studies.scaler_study``: the scaler across runs and tasks, measured.
 
 Two questions, float16 with tiny PPO nets on CartPole, learners driven directly (no Ray):
 
@@ -15,7 +15,7 @@ once and replayed, with PPO's KL loss off (its adaptive coefficient grows withou
 replayed batches). Prints a markdown table under the machine line.
 
 Example:
-    python -m rllib_amp.bench.scaler_study --updates 40
+    python -m studies.scaler_study --updates 40
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
 from rllib_amp.cli import Parser, UsageError, main_wrapper
 
-PROG = "python -m rllib_amp.bench.scaler_study"
+PROG = "python -m studies.scaler_study"
 # learner_config_dict key: ModuleID -> the factor its loss is multiplied by.
 LOSS_FACTOR_KEY = "scaler_study_loss_factor"
 FRESH_INIT_SCALE = 65536.0
