@@ -159,8 +159,22 @@ def verify_checkpoint(
     ``for_rllib=False`` (a warm start, which reads only plain numbers and checks the scaler
     state itself) accepts msgpack files where msgpack_numpy, which RLlib's own restore
     needs, is not installed, component folders without their state file, and leaves the
-    loss scales to the caller. Returns None, doing nothing, when ``path`` is no
-    folder: RLlib then reports the missing checkpoint itself.
+    loss scales to the caller.
+
+    Args:
+        path: The checkpoint folder: a local path, a URI (``s3://...``) or, with
+            ``filesystem``, a path on that filesystem.
+        filesystem: The pyarrow filesystem ``path`` lies on; None resolves it from ``path``.
+        announce_missing_manifest: Log one INFO line when the folder has no manifest.
+        for_rllib: False for a warm start (see above): fewer files are required.
+        required: Further files that must exist, relative to ``path``.
+
+    Returns:
+        What was checked (the folder, how many files, which manifest), or None, doing
+        nothing, when ``path`` is no folder: RLlib then reports the missing checkpoint itself.
+
+    Raises:
+        CheckpointError: naming the first missing, damaged or unlisted file.
 
     Example:
         >>> verify_checkpoint("/tmp/run/checkpoint_000001")  # doctest: +SKIP
@@ -227,6 +241,12 @@ def rllib_restore_files(checkpointable: Any, path: Any, *, filesystem: Any = Non
     A component that lives on remote actors (a learner group's learners) is read on their
     nodes: inside its folder, every folder holding RLlib's component files needs a state file.
     A file listed here may be missing: that is what the caller checks.
+
+    Args:
+        checkpointable: The RLlib object to be restored (an Algorithm, a Learner, ...); None
+            lists nothing.
+        path: Its checkpoint folder (local path or URI; with ``filesystem``, a path there).
+        filesystem: The pyarrow filesystem ``path`` lies on; None resolves it from ``path``.
 
     Example:
         >>> rllib_restore_files(None, "/no/such/checkpoint")

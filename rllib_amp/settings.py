@@ -153,7 +153,7 @@ def _module_pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
 class AmpSettings:
     """How a learner trains in mixed precision.
 
-    Attributes:
+    Args (each a field of the same name):
         enabled: "auto" picks from the hardware (see ``rllib_amp.learner.precision``), True forces
             autocast on, False is exactly stock RLlib (float32).
         dtype: "auto", "float16" (autocast + GradScaler) or "bfloat16" (autocast, no scaling).

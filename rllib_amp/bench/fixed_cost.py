@@ -172,7 +172,7 @@ def timed_update(
     if cuda:
         torch.cuda.synchronize()
     # As timeit does: a collection of the older generations, triggered by whatever allocated
-    # last, would land in one update (seen: a 1-epoch update 126 ms slower than a 5-epoch one).
+    # last, would land in one update (and made a 1-epoch update slower than a 5-epoch one).
     gc.collect()
     before = steps()
     gc.disable()

@@ -329,31 +329,5 @@ def overlap_one(
     return rounds * num_envs / seconds, rounds * num_envs / cpu_seconds
 
 
-def compare_overlap(
-    reps: int,
-    *,
-    variants: Sequence[tuple[str, int, int]] = (("sync", 2, 2), ("sync", 2, 1), ("halves", 2, 1)),
-    num_envs: int = 16,
-    env_steps: int = 4096,
-    model: str = "full",
-) -> dict[str, dict[str, list[float]]]:
-    """Per (mode, ALE threads, torch threads): ``reps`` runs of ``overlap_one``'s figures,
-    interleaved, each in a fresh process."""
-    from rllib_amp.bench.figures import interleaved
-    from rllib_amp.bench.harness import in_child
-
-    names = {f"{m} ale{a} torch{t}": (m, a, t) for m, a, t in variants}
-    out: dict[str, dict[str, list[float]]] = {
-        n: {"steps_per_s": [], "steps_per_cpu_s": []} for n in names
-    }
-    for rep in range(reps):
-        for name in interleaved(list(names), rep):
-            mode, ale, threads = names[name]
-            wall, cpu = in_child(overlap_one, mode, num_envs, env_steps, model, ale, threads)
-            out[name]["steps_per_s"].append(float(wall))
-            out[name]["steps_per_cpu_s"].append(float(cpu))
-    return out
-
-
 if __name__ == "__main__":
     raise SystemExit(main())

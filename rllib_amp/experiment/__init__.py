@@ -38,7 +38,6 @@ from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
 from rllib_amp.experiment.schema import algorithm_config_class, validate
-from rllib_amp.settings import AmpSettings
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -123,10 +122,6 @@ class Experiment:
     stop = _section_copy("stop")
     checkpoint = _section_copy("checkpoint")
     search = _section_copy("search", "dotted key -> Sampler, in file order")
-
-    @property
-    def amp_settings(self) -> AmpSettings:
-        return AmpSettings.from_dict(self.data["amp"])
 
     def get(self, dotted: str, default: Any = None) -> Any:
         """The value at a dotted key, e.g. ``exp.get("amp.init_scale")``."""

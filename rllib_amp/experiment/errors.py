@@ -1,4 +1,5 @@
-"""ExperimentError: the one error of the experiment package, and the one way to word it.
+"""ExperimentError: the one error of the experiment package, the one way to word it, and the
+small checks every section uses.
 
 Example:
     >>> str(err("exp.yaml", "training.lr", "got -1; must be >= 0"))
@@ -6,6 +7,12 @@ Example:
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rllib_amp.checks import is_number, suggest
 
 
 class ExperimentError(ValueError):
@@ -29,3 +36,38 @@ class ExperimentError(ValueError):
 def err(path: str, key: str, msg: str) -> ExperimentError:
     """The error for ``key`` of the file at ``path``: ``"{path}: {key}: {msg}"``."""
     return ExperimentError(f"{path}: {key}: {msg}")
+
+
+def check_mapping(path: str, key: str, value: Any) -> dict[str, Any]:
+    """``value`` as a dict (None: empty); anything but a mapping is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise err(path, key, f"expected a mapping, got {type(value).__name__} {value!r}")
+    return dict(value)
+
+
+def check_keys(path: str, section: str, d: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    """Refuses a key of ``d`` not in ``allowed``, suggesting the nearest."""
+    allowed = tuple(allowed)
+    for k in d:
+        if k not in allowed:
+            raise err(
+                path,
+                f"{section}.{k}" if section else str(k),
+                f"unknown key{suggest(str(k), allowed)}; allowed: {', '.join(allowed)}",
+            )
+
+
+def check_number(
+    path: str, key: str, v: Any, types: tuple[type, ...], lo: float | None, hi: float | None = None
+) -> None:
+    """Refuses ``v`` unless a finite number of ``types`` in [lo, hi] (None: unbounded)."""
+    ok_type = is_number(v) and (float in types or isinstance(v, int))
+    if not ok_type or (isinstance(v, float) and not math.isfinite(v)):
+        expected = "an integer" if types == (int,) else "a number"
+        raise err(path, key, f"got {v!r}; expected {expected}")
+    if lo is not None and v < lo:
+        raise err(path, key, f"got {v!r}; must be >= {lo}")
+    if hi is not None and v > hi:
+        raise err(path, key, f"got {v!r}; must be <= {hi}")

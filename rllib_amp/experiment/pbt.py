@@ -1,4 +1,5 @@
-"""Population Based Training and AMP: which settings an exploit cannot carry over.
+"""The ``tune`` section and Population Based Training: its settings, and which AMP settings
+an exploit cannot carry over.
 
 PBT copies a donor trial's checkpoint into a recipient and changes some of its settings. The
 scalers' live state travels with the checkpoint, so a setting that only seeds a fresh scaler
@@ -10,11 +11,22 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rllib_amp.checks import dotted
+from rllib_amp.checks import dotted, suggest
+from rllib_amp.experiment.errors import (
+    ExperimentError,
+    check_keys,
+    check_mapping,
+    check_number,
+    err,
+)
+from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.settings import AMP_CONFIG_KEY
+
+# (experiment so far, dotted key, sampler, where, path) -> None: the schema's value check.
+CheckValues = Callable[[Mapping[str, Any], str, Sampler, str, str], None]
 
 # Settings that a PBT exploit cannot carry over, and why; every other AMP setting may mutate.
 _NOT_MUTABLE_UNDER_PBT = {
@@ -64,3 +76,147 @@ def check_pbt_mutations(mutations: Mapping[str, Any], *, searched: Iterable[str]
                 raise ValueError(
                     f"{where}.{key}: cannot change under PBT: {_NOT_MUTABLE_UNDER_PBT[part]}"
                 )
+
+
+SCHEDULERS = ("fifo", "asha", "pbt")
+TUNE_DEFAULTS: dict[str, Any] = {
+    "metric": "env_runners/episode_return_mean",
+    "mode": "max",
+    "num_samples": 1,
+    "scheduler": "fifo",
+    "max_concurrent_trials": None,
+    "max_failures": 2,
+    "pbt": None,
+}
+# tune.pbt: Population Based Training (tune.scheduler: pbt). perturbation_interval counts
+# training iterations; the rest are Tune's PopulationBasedTraining arguments.
+PBT_DEFAULTS: dict[str, Any] = {
+    "perturbation_interval": None,
+    "hyperparam_mutations": None,
+    "quantile_fraction": 0.25,
+    "resample_probability": 0.25,
+    "burn_in_period": 0,
+    "synch": False,
+}
+# Sections PBT may mutate: a restore into another model or other resources would not fit the
+# donor's checkpoint.
+MUTABLE = ("amp", "training")
+PBT_EXAMPLE = (
+    "tune: {scheduler: pbt, pbt: {perturbation_interval: 2, hyperparam_mutations: "
+    "{training.lr: {loguniform: [1.0e-4, 1.0e-3]}, amp.growth_interval: [10, 100, 2000]}}}"
+)
+
+
+def check_tune(
+    value: Any, exp: Mapping[str, Any], path: str, check_values: CheckValues
+) -> dict[str, Any]:
+    """The ``tune`` section, normalised; ``check_values`` checks a PBT mutation's values as
+    its section checks a search entry's (the schema's own, passed in)."""
+    given = check_mapping(path, "tune", value)
+    check_keys(path, "tune", given, TUNE_DEFAULTS)
+    t = {**TUNE_DEFAULTS, **given}
+    if not isinstance(t["metric"], str) or not t["metric"]:
+        raise err(path, "tune.metric", f"got {t['metric']!r}; expected a result key")
+    if t["mode"] not in ("max", "min"):
+        raise err(path, "tune.mode", f"got {t['mode']!r}; allowed: max, min")
+    if t["scheduler"] not in SCHEDULERS:
+        raise err(
+            path,
+            "tune.scheduler",
+            f"got {t['scheduler']!r}{suggest(str(t['scheduler']), SCHEDULERS)}; "
+            f"allowed: {', '.join(SCHEDULERS)}",
+        )
+    check_number(path, "tune.num_samples", t["num_samples"], (int,), 1)
+    check_number(path, "tune.max_failures", t["max_failures"], (int,), 0)
+    if t["max_concurrent_trials"] is not None:
+        check_number(path, "tune.max_concurrent_trials", t["max_concurrent_trials"], (int,), 1)
+    if t["scheduler"] == "pbt":
+        t["pbt"] = _pbt(t["pbt"], exp, path, check_values)
+    elif t["pbt"] is not None:
+        raise err(
+            path,
+            "tune.pbt",
+            f"set, but tune.scheduler is {t['scheduler']!r}; add 'scheduler: pbt' or drop pbt",
+        )
+    return t
+
+
+def _pbt(
+    value: Any, exp: Mapping[str, Any], path: str, check_values: CheckValues
+) -> dict[str, Any]:
+    """tune.pbt, normalised: every mutation a one-key sampler mapping ({choice: [...]} for a
+    list); its values checked by their section's validator, like search entries."""
+    if value is None:
+        raise err(path, "tune.pbt", f"missing for scheduler pbt; add e.g. {PBT_EXAMPLE}")
+    given = check_mapping(path, "tune.pbt", value)
+    check_keys(path, "tune.pbt", given, PBT_DEFAULTS)
+    pbt = {**PBT_DEFAULTS, **given}
+    for key in ("perturbation_interval", "hyperparam_mutations"):
+        if pbt[key] is None:
+            raise err(path, f"tune.pbt.{key}", f"missing; add e.g. {PBT_EXAMPLE}")
+    check_number(path, "tune.pbt.perturbation_interval", pbt["perturbation_interval"], (int,), 1)
+    check_number(path, "tune.pbt.quantile_fraction", pbt["quantile_fraction"], (int, float), 0, 0.5)
+    check_number(
+        path, "tune.pbt.resample_probability", pbt["resample_probability"], (int, float), 0, 1
+    )
+    check_number(path, "tune.pbt.burn_in_period", pbt["burn_in_period"], (int,), 0)
+    if not isinstance(pbt["synch"], bool):
+        raise err(path, "tune.pbt.synch", f"got {pbt['synch']!r}; expected true or false")
+    where = "tune.pbt.hyperparam_mutations"
+    mutations = check_mapping(path, where, pbt["hyperparam_mutations"])
+    if not mutations:
+        raise err(path, where, f"empty; name at least one key to mutate, e.g. {PBT_EXAMPLE}")
+    try:
+        check_pbt_mutations(mutations)
+    except ValueError as e:
+        raise ExperimentError(f"{path}: tune.pbt.{e}") from None
+    out: dict[str, dict[str, list[Any]]] = {}
+    for key, spec in mutations.items():
+        key = str(key)
+        top, *rest = key.split(".")
+        if top not in MUTABLE or len(rest) != 1 or not rest[0]:
+            raise err(
+                path,
+                f"{where}.{key}",
+                f"PBT mutates one key of {' or '.join(MUTABLE)}{suggest(top, MUTABLE)}, "
+                f"written flat, e.g. training.lr or amp.growth_interval",
+            )
+        if isinstance(spec, list):
+            spec = {"choice": spec}
+        try:
+            sampler = Sampler.parse(spec)
+        except ValueError as e:
+            raise err(path, f"{where}.{key}", f"{e}; or give a list of values") from None
+        if sampler.kind == "grid":
+            raise err(
+                path,
+                f"{where}.{key}",
+                "grid multiplies trials and PBT does not; give a list of values (PBT moves "
+                "to a neighbouring one) or a range such as {loguniform: [lo, hi]}",
+            )
+        check_values(exp, key, sampler, f"{where}.{key}", path)
+        out[key] = sampler.to_dict()
+    pbt["hyperparam_mutations"] = out
+    return pbt
+
+
+def check_pbt_needs(exp: Mapping[str, Any], path: str) -> None:
+    """What PBT needs of the sections after ``tune``: no init_scale or warm_start in the
+    search, and a checkpoint at least every perturbation_interval for exploits to copy."""
+    pbt = exp["tune"]["pbt"]
+    if pbt is None:
+        return
+    try:
+        check_pbt_mutations({}, searched=exp["search"])
+    except ValueError as e:
+        raise ExperimentError(f"{path}: {e}") from None
+    interval = pbt["perturbation_interval"]
+    frequency = exp["checkpoint"]["frequency"]
+    if not 1 <= frequency <= interval:
+        raise err(
+            path,
+            "checkpoint.frequency",
+            f"got {frequency}; PBT copies a donor's latest checkpoint every "
+            f"perturbation_interval ({interval}) iterations, so checkpoint at least that "
+            f"often: set checkpoint.frequency to 1..{interval}",
+        )

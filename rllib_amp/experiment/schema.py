@@ -17,14 +17,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
 from rllib_amp.experiment.dotted import TOP_KEYS, is_integer_key, with_dotted
-from rllib_amp.experiment.errors import ExperimentError, err
-from rllib_amp.experiment.pbt import check_pbt_mutations
+from rllib_amp.experiment.errors import (
+    ExperimentError,
+    check_keys,
+    check_mapping,
+    check_number,
+    err,
+)
+from rllib_amp.experiment.pbt import check_pbt_needs, check_tune
 from rllib_amp.experiment.rllib_keys import (
     RESOURCES,
     TRAINING_NUMBERS,
@@ -40,33 +46,6 @@ if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
-SCHEDULERS = ("fifo", "asha", "pbt")
-TUNE_DEFAULTS: dict[str, Any] = {
-    "metric": "env_runners/episode_return_mean",
-    "mode": "max",
-    "num_samples": 1,
-    "scheduler": "fifo",
-    "max_concurrent_trials": None,
-    "max_failures": 2,
-    "pbt": None,
-}
-# tune.pbt: Population Based Training (tune.scheduler: pbt). perturbation_interval counts
-# training iterations; the rest are Tune's PopulationBasedTraining arguments.
-PBT_DEFAULTS: dict[str, Any] = {
-    "perturbation_interval": None,
-    "hyperparam_mutations": None,
-    "quantile_fraction": 0.25,
-    "resample_probability": 0.25,
-    "burn_in_period": 0,
-    "synch": False,
-}
-# Sections PBT may mutate: a restore into another model or other resources would not fit the
-# donor's checkpoint.
-MUTABLE = ("amp", "training")
-PBT_EXAMPLE = (
-    "tune: {scheduler: pbt, pbt: {perturbation_interval: 2, hyperparam_mutations: "
-    "{training.lr: {loguniform: [1.0e-4, 1.0e-3]}, amp.growth_interval: [10, 100, 2000]}}}"
-)
 CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
 # Seeds go to numpy's and torch's generators, which take 32-bit seeds.
 SEED_MAX = 2**32 - 1
@@ -94,44 +73,11 @@ def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
 
 
 @functools.cache
-def model_keys() -> tuple[str, ...]:
+def modelcheck_keys() -> tuple[str, ...]:
     """The keys of ``model``: rllib-amp's two, then RLlib's DefaultModelConfig fields."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     return ("preset", "batchnorm", *(f.name for f in dataclasses.fields(DefaultModelConfig)))
-
-
-# -- small checks ----------------------------------------------------------------------------
-def _mapping(path: str, key: str, value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise err(path, key, f"expected a mapping, got {type(value).__name__} {value!r}")
-    return dict(value)
-
-
-def _keys(path: str, section: str, d: Mapping[str, Any], allowed: Iterable[str]) -> None:
-    allowed = tuple(allowed)
-    for k in d:
-        if k not in allowed:
-            raise err(
-                path,
-                f"{section}.{k}" if section else str(k),
-                f"unknown key{suggest(str(k), allowed)}; allowed: {', '.join(allowed)}",
-            )
-
-
-def _number(
-    path: str, key: str, v: Any, types: tuple[type, ...], lo: float | None, hi: float | None = None
-) -> None:
-    ok_type = is_number(v) and (float in types or isinstance(v, int))
-    if not ok_type or (isinstance(v, float) and not math.isfinite(v)):
-        expected = "an integer" if types == (int,) else "a number"
-        raise err(path, key, f"got {v!r}; expected {expected}")
-    if lo is not None and v < lo:
-        raise err(path, key, f"got {v!r}; must be >= {lo}")
-    if hi is not None and v > hi:
-        raise err(path, key, f"got {v!r}; must be <= {hi}")
 
 
 LR_SCHEDULE_EXAMPLE = "lr: [[0, 2.5e-4], [3000000, 0.0]]"
@@ -141,7 +87,7 @@ def _lr(path: str, v: Any) -> None:
     """A learning rate >= 0, or RLlib's schedule form: [[env_step, lr], ...] pairs, steps
     increasing from 0, interpolated linearly (RLlib's ``Scheduler``)."""
     if is_number(v):
-        _number(path, "training.lr", v, (int, float), 0.0)
+        check_number(path, "training.lr", v, (int, float), 0.0)
         return
     fix = f"expected a number or RLlib's schedule form, e.g. {LR_SCHEDULE_EXAMPLE}"
     if not isinstance(v, list) or not v:
@@ -191,7 +137,7 @@ def _env(value: Any, exp: Mapping[str, Any], path: str) -> str:
 
 
 def _env_config(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    return _mapping(path, "env_config", value)
+    return check_mapping(path, "env_config", value)
 
 
 def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -199,8 +145,8 @@ def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     from rllib_amp.envs import configure as envs
     from rllib_amp.envs import models
 
-    model = _mapping(path, "model", {"preset": value} if isinstance(value, str) else value)
-    _keys(path, "model", model, model_keys())
+    model = check_mapping(path, "model", {"preset": value} if isinstance(value, str) else value)
+    check_keys(path, "model", model, modelcheck_keys())
     if "preset" in model and model["preset"] not in models.PRESETS:
         raise err(
             path,
@@ -221,7 +167,7 @@ def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 
 def _amp(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    amp = _mapping(path, "amp", value)
+    amp = check_mapping(path, "amp", value)
     try:
         settings = AmpSettings.from_dict(amp, where="amp")
         if settings.warm_start is not None:
@@ -246,14 +192,14 @@ def _check_warm_start(checkpoint: str, modules: tuple[tuple[str, str], ...] | No
 
 
 def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    training = _mapping(path, "training", value)
+    training = check_mapping(path, "training", value)
     cls = algorithm(exp["algorithm"]).config_class
-    _keys(path, "training", training, training_keys(cls))
+    check_keys(path, "training", training, training_keys(cls))
     if training.get("lr") is not None:
         _lr(path, training["lr"])
     for k, (types, lo, hi) in TRAINING_NUMBERS.items():
         if training.get(k) is not None:
-            _number(path, f"training.{k}", training[k], types, lo, hi)
+            check_number(path, f"training.{k}", training[k], types, lo, hi)
     kinds = training_types(cls)
     unsettable = unsettable_training_keys(cls)
     for k, v in training.items():
@@ -265,114 +211,29 @@ def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 
 def _resources(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    resources = _mapping(path, "resources", value)
-    _keys(path, "resources", resources, RESOURCES)
+    resources = check_mapping(path, "resources", value)
+    check_keys(path, "resources", resources, RESOURCES)
     for k, v in resources.items():
-        _number(path, f"resources.{k}", v, *RESOURCES[k][1:])
+        check_number(path, f"resources.{k}", v, *RESOURCES[k][1:])
     return resources
 
 
-def _tune(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    given = _mapping(path, "tune", value)
-    _keys(path, "tune", given, TUNE_DEFAULTS)
-    t = {**TUNE_DEFAULTS, **given}
-    if not isinstance(t["metric"], str) or not t["metric"]:
-        raise err(path, "tune.metric", f"got {t['metric']!r}; expected a result key")
-    if t["mode"] not in ("max", "min"):
-        raise err(path, "tune.mode", f"got {t['mode']!r}; allowed: max, min")
-    if t["scheduler"] not in SCHEDULERS:
-        raise err(
-            path,
-            "tune.scheduler",
-            f"got {t['scheduler']!r}{suggest(str(t['scheduler']), SCHEDULERS)}; "
-            f"allowed: {', '.join(SCHEDULERS)}",
-        )
-    _number(path, "tune.num_samples", t["num_samples"], (int,), 1)
-    _number(path, "tune.max_failures", t["max_failures"], (int,), 0)
-    if t["max_concurrent_trials"] is not None:
-        _number(path, "tune.max_concurrent_trials", t["max_concurrent_trials"], (int,), 1)
-    if t["scheduler"] == "pbt":
-        t["pbt"] = _pbt(t["pbt"], exp, path)
-    elif t["pbt"] is not None:
-        raise err(
-            path,
-            "tune.pbt",
-            f"set, but tune.scheduler is {t['scheduler']!r}; add 'scheduler: pbt' or drop pbt",
-        )
-    return t
-
-
-def _pbt(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """tune.pbt, normalised: every mutation a one-key sampler mapping ({choice: [...]} for a
-    list); its values checked by their section's validator, like search entries."""
-    if value is None:
-        raise err(path, "tune.pbt", f"missing for scheduler pbt; add e.g. {PBT_EXAMPLE}")
-    given = _mapping(path, "tune.pbt", value)
-    _keys(path, "tune.pbt", given, PBT_DEFAULTS)
-    pbt = {**PBT_DEFAULTS, **given}
-    for key in ("perturbation_interval", "hyperparam_mutations"):
-        if pbt[key] is None:
-            raise err(path, f"tune.pbt.{key}", f"missing; add e.g. {PBT_EXAMPLE}")
-    _number(path, "tune.pbt.perturbation_interval", pbt["perturbation_interval"], (int,), 1)
-    _number(path, "tune.pbt.quantile_fraction", pbt["quantile_fraction"], (int, float), 0, 0.5)
-    _number(path, "tune.pbt.resample_probability", pbt["resample_probability"], (int, float), 0, 1)
-    _number(path, "tune.pbt.burn_in_period", pbt["burn_in_period"], (int,), 0)
-    if not isinstance(pbt["synch"], bool):
-        raise err(path, "tune.pbt.synch", f"got {pbt['synch']!r}; expected true or false")
-    where = "tune.pbt.hyperparam_mutations"
-    mutations = _mapping(path, where, pbt["hyperparam_mutations"])
-    if not mutations:
-        raise err(path, where, f"empty; name at least one key to mutate, e.g. {PBT_EXAMPLE}")
-    try:
-        check_pbt_mutations(mutations)
-    except ValueError as e:
-        raise ExperimentError(f"{path}: tune.pbt.{e}") from None
-    out: dict[str, dict[str, list[Any]]] = {}
-    for key, spec in mutations.items():
-        key = str(key)
-        top, *rest = key.split(".")
-        if top not in MUTABLE or len(rest) != 1 or not rest[0]:
-            raise err(
-                path,
-                f"{where}.{key}",
-                f"PBT mutates one key of {' or '.join(MUTABLE)}{suggest(top, MUTABLE)}, "
-                f"written flat, e.g. training.lr or amp.growth_interval",
-            )
-        if isinstance(spec, list):
-            spec = {"choice": spec}
-        try:
-            sampler = Sampler.parse(spec)
-        except ValueError as e:
-            raise err(path, f"{where}.{key}", f"{e}; or give a list of values") from None
-        if sampler.kind == "grid":
-            raise err(
-                path,
-                f"{where}.{key}",
-                "grid multiplies trials and PBT does not; give a list of values (PBT moves "
-                "to a neighbouring one) or a range such as {loguniform: [lo, hi]}",
-            )
-        _check_values(exp, key, sampler, f"{where}.{key}", path)
-        out[key] = sampler.to_dict()
-    pbt["hyperparam_mutations"] = out
-    return pbt
-
-
 def _stop(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    stop = _mapping(path, "stop", value)
+    stop = check_mapping(path, "stop", value)
     if not stop:
         raise err(path, "stop", "missing or empty; add e.g. 'stop: {training_iteration: 10}'")
     for k, v in stop.items():
-        _number(path, f"stop.{k}", v, (int, float), None)
+        check_number(path, f"stop.{k}", v, (int, float), None)
     return stop
 
 
 def _checkpoint(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
-    given = _mapping(path, "checkpoint", value)
-    _keys(path, "checkpoint", given, CHECKPOINT_DEFAULTS)
+    given = check_mapping(path, "checkpoint", value)
+    check_keys(path, "checkpoint", given, CHECKPOINT_DEFAULTS)
     ckpt = {**CHECKPOINT_DEFAULTS, **given}
-    _number(path, "checkpoint.frequency", ckpt["frequency"], (int,), 0)
+    check_number(path, "checkpoint.frequency", ckpt["frequency"], (int,), 0)
     if ckpt["num_to_keep"] is not None:
-        _number(path, "checkpoint.num_to_keep", ckpt["num_to_keep"], (int,), 1)
+        check_number(path, "checkpoint.num_to_keep", ckpt["num_to_keep"], (int,), 1)
     if not isinstance(ckpt["at_end"], bool):
         raise err(path, "checkpoint.at_end", f"got {ckpt['at_end']!r}; expected true or false")
     return ckpt
@@ -380,7 +241,7 @@ def _checkpoint(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]
 
 def _seed(value: Any, exp: Mapping[str, Any], path: str) -> int | None:
     if value is not None:
-        _number(path, "seed", value, (int,), 0, SEED_MAX)
+        check_number(path, "seed", value, (int,), 0, SEED_MAX)
     return value
 
 
@@ -398,7 +259,7 @@ def _storage_path(value: Any, exp: Mapping[str, Any], path: str) -> str | None:
 def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]:
     """Dotted key -> Sampler; each edge value is checked by the validator of its section."""
     out: dict[str, Sampler] = {}
-    for key, spec in _mapping(path, "search", value).items():
+    for key, spec in check_mapping(path, "search", value).items():
         key = str(key)
         where = f"search.{key}"
         top, *rest = key.split(".")
@@ -454,7 +315,7 @@ SECTIONS: dict[str, Callable[[Any, Mapping[str, Any], str], Any]] = {
     "amp": _amp,
     "training": _training,
     "resources": _resources,
-    "tune": _tune,
+    "tune": lambda value, exp, path: check_tune(value, exp, path, _check_values),
     "stop": _stop,
     "checkpoint": _checkpoint,
     "seed": _seed,
@@ -512,13 +373,13 @@ def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
             f"{path}: expected a mapping of experiment keys at the top level, got "
             f"{type(raw).__name__}; start the file with e.g. 'algorithm: PPO'"
         )
-    _keys(path, "", raw, TOP_KEYS)
+    check_keys(path, "", raw, TOP_KEYS)
     _check_shape(raw, path)
     out: dict[str, Any] = {}
     for section, check in SECTIONS.items():
         out[section] = check(raw.get(section), out, path)
     _check_batch_sizes(out, path)
-    _check_pbt(out, path)
+    check_pbt_needs(out, path)
     return out
 
 
@@ -542,26 +403,4 @@ def _check_shape(raw: Mapping[str, Any], path: str) -> None:
     for section in MAPPING_SECTIONS:
         value = raw.get(section)
         if not (section == "model" and isinstance(value, str)):
-            _mapping(path, section, value)
-
-
-def _check_pbt(exp: Mapping[str, Any], path: str) -> None:
-    """What PBT needs of the sections after ``tune``: no init_scale or warm_start in the
-    search, and a checkpoint at least every perturbation_interval for exploits to copy."""
-    pbt = exp["tune"]["pbt"]
-    if pbt is None:
-        return
-    try:
-        check_pbt_mutations({}, searched=exp["search"])
-    except ValueError as e:
-        raise ExperimentError(f"{path}: {e}") from None
-    interval = pbt["perturbation_interval"]
-    frequency = exp["checkpoint"]["frequency"]
-    if not 1 <= frequency <= interval:
-        raise err(
-            path,
-            "checkpoint.frequency",
-            f"got {frequency}; PBT copies a donor's latest checkpoint every "
-            f"perturbation_interval ({interval}) iterations, so checkpoint at least that "
-            f"often: set checkpoint.frequency to 1..{interval}",
-        )
+            check_mapping(path, section, value)

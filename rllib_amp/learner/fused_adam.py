@@ -1,9 +1,10 @@
 """Switches RLlib's default ``torch.optim.Adam`` to PyTorch's fused kernel when AMP is on.
 
-Same algorithm, one kernel for all parameters: on the Nature CNN the optimizer step drops
-from 17 ms to 1.7 ms on 2 CPU cores. Only a plain Adam whose implementation the user left
-unset (foreach/fused None), on float32 CPU or CUDA parameters, is touched. Loaded optimizer
-state carries the saving run's flags, so a restore sets them again for this run.
+Same algorithm, one kernel for all parameters: on the Nature CNN the optimizer step is much
+faster (docs/performance.md, "Figures behind the code's thresholds"). Only a plain Adam whose
+implementation the user left unset (foreach/fused None), on float32 CPU or CUDA parameters,
+is touched. Loaded optimizer state carries the saving run's flags, so a restore sets them
+again for this run.
 
 Example:
     >>> import torch

@@ -217,8 +217,8 @@ def resolve(
 
 
 # Below this many observations per forward pass, CPU inference is faster in float32: the
-# casts cost more than bfloat16 saves (Nature CNN on 2 AVX512-BF16 cores, per forward:
-# batch 1 0.79 vs 1.38 ms, 4: 1.22 vs 1.55, 8: 1.76 vs 1.70, 32: 4.15 vs 3.10 ms).
+# casts cost more than bfloat16 saves (the measurement: docs/performance.md, "Figures behind
+# the code's thresholds").
 CPU_BF16_MIN_INFERENCE_BATCH = 16
 
 

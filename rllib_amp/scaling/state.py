@@ -51,6 +51,13 @@ def restore_scaler_state(
     A ``full`` state (a checkpoint's: it carries optimizer state) without scaler state gets
     one INFO line; weight syncs pass module weights alone and are not worth a word. Scaler
     state restored into a float32 run gets one WARNING.
+
+    Args:
+        scalers: ModuleID -> the learner's scaler, loaded in place.
+        state: A learner state (``Learner.get_state()``'s form); its AMP_STATE_KEY entry is
+            ModuleID -> scaler state.
+        amp_enabled: Whether this run trains with AMP (a float32 run ignores scaler state).
+        full: Whether ``state`` is a checkpoint's (with optimizer state), not a weight sync.
     """
     saved = state.get(AMP_STATE_KEY)
     if saved is None:

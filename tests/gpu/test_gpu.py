@@ -53,7 +53,7 @@ def test_learner_update_on_gpu_is_finite_and_steps(dtype):
     strict=False,
 )
 def test_high_preset_memory_and_speed_targets_on_gpu():
-    """Issue target: >= 2x learner throughput and >= 35% less peak memory on `high`."""
+    """The target: >= 2x learner throughput and >= 35% less peak memory on `high`."""
     import os
     import pickle
     import tempfile
@@ -83,7 +83,7 @@ def test_native_pong_ppo_with_a_gpu_learner_trains_from_uint8_and_restores_the_s
     from ray.rllib.algorithms.algorithm import Algorithm
 
     from tests.integration.common import all_finite, learner, same, weights
-    from tests.integration.test_atari import load, record_network_inputs
+    from tests.integration.envs.test_atari import load, record_network_inputs
 
     exp = load(
         "pong_ppo_amp.yaml",

@@ -1,4 +1,4 @@
-"""The benchmark's fixed-cost row (issue 22 point 3): a PPO update of a tiny network, in ms per
+"""The benchmark's fixed-cost row: a PPO update of a tiny network, in ms per
 minibatch step, stock float32 against rllib-amp; its row, spread, target and the run."""
 
 from __future__ import annotations

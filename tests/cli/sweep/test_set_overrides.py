@@ -1,5 +1,5 @@
 """`--set` on a searched key, and the sweep's recommendation applied to the experiment that
-produced it (issue 23 point 5): the flags it prints must change the run, and say how."""
+produced it: the flags it prints must change the run, and say how."""
 
 from __future__ import annotations
 

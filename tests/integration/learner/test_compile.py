@@ -1,5 +1,5 @@
 """RLlib's ``torch_compile_learner`` with rllib-amp's learner: autocast and the scaler inside
-a compiled update (issue 22 point 3). The compiled AMP learner trains, routes an overflow to
+a compiled update. The compiled AMP learner trains, routes an overflow to
 the scaler (skip, back off once per step), and checkpoints its scaler state.
 
 Compiled here is the whole update step (``COMPLETE_UPDATE``): RLlib 2.60's default,

@@ -1,5 +1,5 @@
 """APPO reports the grad scale after the iteration's last update, not a mean over its
-updates (issue 23, point 8). Its learner thread runs many updates per iteration."""
+updates. Its learner thread runs many updates per iteration."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The grad scale a result reports is the scale after the iteration's last update, however
-the algorithm merges its learners' results (issue 23, point 8)."""
+the algorithm merges its learners' results."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def _result(trial, *, scale0, gi, seed, returns, scales, skips, optimizer_steps=
 
 
 def _issue_grid():
-    """The issue's run, with three seeds: growth_interval 10 reaches 450 a little sooner but
+    """A recorded run, with three seeds: growth_interval 10 reaches 450 a little sooner but
     keeps doubling its scale into overflow (11% of updates skipped); growth_interval 2000 is
     tied with it and skips nothing; 1024/10 is clearly slower."""
     out = []
