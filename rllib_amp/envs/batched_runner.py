@@ -35,8 +35,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -57,9 +55,8 @@ from ray.rllib.utils.metrics import (
     RLMODULE_INFERENCE_TIMER,
     WEIGHTS_SEQ_NO,
 )
-from ray.rllib.utils.numpy import convert_to_numpy
-from ray.rllib.utils.spaces.space_utils import batch as batch_items
 
+from rllib_amp.envs.step_arrays import Arrays, Steps, buffer_items, join_arrays, to_numpy
 from rllib_amp.learner.env_runner import AmpEnvRunnerMixin
 from rllib_amp.settings import AMP_CONFIG_KEY
 
@@ -120,98 +117,6 @@ def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
     if module.is_stateful():
         return "the RLModule is stateful (RNN)"
     return None
-
-
-class _Steps:
-    """What one batched ``sample()`` call saw, one entry per vector step."""
-
-    def __init__(self) -> None:
-        self.obs: list[np.ndarray] = []  # (N, stack, 84, 84) uint8 after each step
-        self.actions: list[np.ndarray] = []  # (N,)
-        self.extras: dict[str, list[np.ndarray]] = {}  # key -> (N, ...) per step
-        self.rewards: list[np.ndarray] = []
-        self.terminated: list[np.ndarray] = []
-        self.truncated: list[np.ndarray] = []
-        self.infos: list[dict[str, np.ndarray]] = []
-        self.restarted: list[np.ndarray] = []  # (N,) bool: this step was an autoreset
-        self.times: list[float] = []
-
-    def add(
-        self,
-        obs: np.ndarray,
-        actions: np.ndarray,
-        extras: dict[str, np.ndarray],
-        rewards: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-        infos: dict[str, np.ndarray],
-        restarted: np.ndarray,
-    ) -> None:
-        self.obs.append(obs)
-        self.actions.append(actions)
-        for key, value in extras.items():
-            self.extras.setdefault(key, []).append(value)
-        self.rewards.append(rewards)
-        self.terminated.append(terminated)
-        self.truncated.append(truncated)
-        self.infos.append(infos)
-        self.restarted.append(restarted)
-        self.times.append(time.perf_counter())
-
-
-class _Arrays:
-    """A ``_Steps`` stacked: every per-step array gains a leading step axis (S, N, ...)."""
-
-    def __init__(self, steps: _Steps) -> None:
-        self.obs = steps.obs
-        self.actions = np.stack(steps.actions)
-        self.extras = {k: np.stack(v) for k, v in steps.extras.items()}
-        self.rewards = np.stack(steps.rewards).astype(np.float32, copy=False)
-        self.terminated = np.stack(steps.terminated)
-        self.truncated = np.stack(steps.truncated)
-        keys = [k for k in steps.infos[0] if not k.startswith("_")] if steps.infos else []
-        self.info_keys = keys
-        self.infos = {k: np.stack([info[k] for info in steps.infos]) for k in keys}
-        self.restarted = np.stack(steps.restarted)
-        self.times = steps.times
-
-    def info_dicts(self, rows: Sequence[int] | np.ndarray, env: int) -> list[dict[str, Any]]:
-        """The per-step info dicts of ``env`` at steps ``rows``, as gymnasium's DictInfoToList."""
-        columns = [self.infos[k][rows, env] for k in self.info_keys]
-        return [dict(zip(self.info_keys, values, strict=True)) for values in zip(*columns)]
-
-
-def _to_numpy(out: dict[str, Any]) -> dict[str, Any]:
-    """RLlib's TensorToNumpy (``convert_to_numpy``: int64 -> int32, float64 -> float32) for a
-    flat dict of batched tensors, without its tree walk; anything else goes through it.
-
-    Example:
-        >>> _to_numpy({"a": torch.tensor([1, 2]), "b": torch.ones(2, dtype=torch.float64)})
-        {'a': array([1, 2], dtype=int32), 'b': array([1., 1.], dtype=float32)}
-    """
-    arrays: dict[str, Any] = {}
-    for key, value in out.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0:
-            return convert_to_numpy(out)  # type: ignore[return-value]
-        array = value.detach().cpu().numpy()
-        if np.issubdtype(array.dtype, np.floating):
-            array = array.astype(np.float32, copy=False)
-        elif np.issubdtype(array.dtype, int):
-            array = array.astype(np.int32, copy=False)
-        arrays[key] = array
-    return arrays
-
-
-def _items(buffer: InfiniteLookbackBuffer) -> Any:
-    """All of a buffer's data (lookback included) as one array, or None when empty."""
-    data = buffer.data
-    if isinstance(data, list):
-        return batch_items(data) if data else None
-    return data if len(data) else None
-
-
-def _join(old: Any, new: np.ndarray) -> np.ndarray:
-    return new if old is None else np.concatenate([np.asarray(old), new])
 
 
 class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
@@ -283,7 +188,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         module = self.module
         runners = self.config.num_env_runners or 1
         num_envs = self.num_envs
-        steps = _Steps()
+        steps = Steps()
         extras: dict[str, np.ndarray]
         # An env whose episode ended at the previous step autoresets at this one: ALE ignores
         # its action and returns the first observation of the next episode.
@@ -306,7 +211,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                     self._reset_batched(explore)
                     env = self.env
                     ale = env.unwrapped
-                    steps = _Steps()
+                    steps = Steps()
                     restarting = np.zeros(num_envs, bool)
                     lengths = np.zeros(num_envs, int)
                     ts = 0
@@ -352,7 +257,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 out[Columns.ACTIONS] = dist.sample()
                 if Columns.ACTION_LOGP not in out:
                     out[Columns.ACTION_LOGP] = dist.logp(out[Columns.ACTIONS])
-            arrays = _to_numpy(out)
+            arrays = to_numpy(out)
             actions = arrays.pop(Columns.ACTIONS)
             arrays.pop(Columns.ACTIONS_FOR_ENV, None)
         return actions, arrays
@@ -370,12 +275,12 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         ) from error
 
     # -- episodes from the arrays -------------------------------------------------------------
-    def _finish(self, steps: _Steps, *, num_timesteps: int) -> list[SingleAgentEpisode]:
+    def _finish(self, steps: Steps, *, num_timesteps: int) -> list[SingleAgentEpisode]:
         """RLlib's episodes from the step arrays: done ones, then ongoing chunks (RLlib's order)."""
         done: list[tuple[int, int, SingleAgentEpisode]] = []
         ongoing: list[SingleAgentEpisode] = []
         continuations: list[SingleAgentEpisode] = []
-        arrays = _Arrays(steps) if steps.obs else None
+        arrays = Arrays(steps) if steps.obs else None
         num_steps = len(steps.obs)
         horizon = self.config.episode_lookback_horizon
         episodes: list[Any] = self._ongoing_episodes
@@ -424,20 +329,20 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         self._increase_sampled_metrics(num_timesteps, len(done_episodes))
         return done_episodes + ongoing
 
-    def _new_reset(self, episode: SingleAgentEpisode, arrays: _Arrays, s: int, env: int) -> None:
+    def _new_reset(self, episode: SingleAgentEpisode, arrays: Arrays, s: int, env: int) -> None:
         """The autoreset at step ``s`` starts ``episode`` (empty until now), as add_env_reset."""
         obs = np.moveaxis(arrays.obs[s][env], 0, -1)
         episode.add_env_reset(observation=obs, infos=arrays.info_dicts([s], env)[0])
         episode._start_time = arrays.times[s]  # type: ignore[assignment]
 
     def _chunk(
-        self, base: SingleAgentEpisode, arrays: _Arrays, rows: np.ndarray, env: int
+        self, base: SingleAgentEpisode, arrays: Arrays, rows: np.ndarray, env: int
     ) -> SingleAgentEpisode:
         """``base`` (reset, maybe with a lookback) plus the steps ``rows`` of ``env``, numpy."""
         lookback = base.observations.lookback
         # One copy of each frame stack, in ALE's memory order (T, stack, 84, 84); the episode
         # holds a channels-last view, the env's observation space.
-        old_obs = _items(base.observations)
+        old_obs = buffer_items(base.observations)
         num_old = 0 if old_obs is None else len(old_obs)
         frames = np.empty((num_old + len(rows), *arrays.obs[0].shape[1:]), arrays.obs[0].dtype)
         if old_obs is not None:
@@ -454,7 +359,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             )
             old = base.extra_model_outputs.get(key)
             extras[key] = InfiniteLookbackBuffer(
-                _join(_items(old) if old is not None else None, new),
+                join_arrays(buffer_items(old) if old is not None else None, new),
                 lookback=old.lookback if old is not None else 0,
             )
         episode = SingleAgentEpisode(
@@ -466,11 +371,12 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 lookback=base.infos.lookback,
             ),
             actions=InfiniteLookbackBuffer(
-                _join(_items(base.actions), arrays.actions[rows, env]), lookback=lookback
+                join_arrays(buffer_items(base.actions), arrays.actions[rows, env]),
+                lookback=lookback,
             ),
             action_space=base.action_space,
             rewards=InfiniteLookbackBuffer(
-                _join(_items(base.rewards), arrays.rewards[rows, env]),
+                join_arrays(buffer_items(base.rewards), arrays.rewards[rows, env]),
                 lookback=lookback,
                 space=_REWARDS_SPACE,
             ),
