@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TypeGuard
 
 # How alike a typo and a real name must be for "did you mean" (difflib's ratio).
 SUGGEST_CUTOFF = 0.6
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """True for an int or float that is not a bool (YAML's ``true`` is no number)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -32,10 +32,10 @@ def suggest(key: str, allowed: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def dotted(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def dotted(d: Mapping[str, object], prefix: str = "") -> dict[str, object]:
     """Nested mappings as one level of dotted keys (``amp.init_scale``), in order. An empty
     mapping is a value of its own: ``{}`` set on purpose differs from a key left out."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in d.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
@@ -45,7 +45,7 @@ def dotted(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def is_search_space(value: Any) -> bool:
+def is_search_space(value: object) -> bool:
     """True for a Tune sampler (``tune.choice``, ``tune.loguniform``...) or a
     ``{"grid_search": [...]}`` mapping: a value to check once Tune has sampled it.
 

@@ -17,7 +17,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from types import FrameType
+from typing import NoReturn
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C.
@@ -127,7 +128,7 @@ def end_process_now(status: int) -> NoReturn:
     os._exit(status)
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
 
@@ -210,7 +211,7 @@ def main_wrapper(
         return status
 
 
-def root_error(e: Any) -> str:
+def root_error(e: object) -> str:
     """The line that says what went wrong, without colour codes: the innermost cause's
     ``Type: message`` (a trial's RayTaskError wraps the exception raised in the trial)."""
     seen = set()

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, str], namespace: dict[str, Any]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    package: str, exports: Mapping[str, str], namespace: dict[str, object]
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of a package root whose ``exports`` map each name
     to the module that defines it; a name, once loaded, is kept in ``namespace`` (the
     package's ``globals()``) so later lookups skip ``__getattr__``."""
 
-    def getattr_(name: str) -> Any:
+    def getattr_(name: str) -> object:
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

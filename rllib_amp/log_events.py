@@ -12,10 +12,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def event(name: str, **fields: Any) -> dict[str, Any]:
+def event(name: str, **fields: object) -> dict[str, object]:
     """The ``extra=`` argument for a log call: ``logger.warning(msg, ..., extra=event(...))``."""
     return {"amp_event": name, "amp_fields": fields}
 

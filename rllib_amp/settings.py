@@ -73,7 +73,7 @@ class WarmStart:
     modules: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
-    def parse(cls, value: Any) -> WarmStart | None:
+    def parse(cls, value: object) -> WarmStart | None:
         """A WarmStart from its mapping (None stays None); ValueError names the bad key."""
         if value is None or isinstance(value, WarmStart):
             return value
@@ -102,14 +102,14 @@ class WarmStart:
             return {mid: mid for mid in module_ids}
         return dict(self.modules)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"from": self.path}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"from": self.path}
         if self.modules is not None:
             out["modules"] = dict(self.modules)
         return out
 
 
-def _checkpoint_path(value: Any) -> str:
+def _checkpoint_path(value: object) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
@@ -131,7 +131,7 @@ def _checkpoint_path(value: Any) -> str:
         ) from None
 
 
-def _module_pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
+def _module_pairs(value: object) -> tuple[tuple[str, str], ...] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or not value:
@@ -208,7 +208,7 @@ class AmpSettings:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, *, where: str = "amp") -> AmpSettings:
+    def from_dict(cls, d: Mapping[str, object] | None, *, where: str = "amp") -> AmpSettings:
         """Builds validated settings from a plain mapping (a YAML block, a Tune config).
 
         ``enabled: null`` (YAML) means "auto". Unknown keys and invalid values raise
@@ -241,20 +241,20 @@ class AmpSettings:
         except ValueError as e:
             raise ValueError(f"{where}.{e}") from None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain values that ``from_dict`` reads back (``warm_start`` as its mapping)."""
         out = {name: getattr(self, name) for name in self.field_names()}
         out["warm_start"] = self.warm_start.to_dict() if self.warm_start is not None else None
         return out
 
-    def replace(self, **fields: Any) -> AmpSettings:
+    def replace(self, **fields: object) -> AmpSettings:
         """A copy with some fields changed, validated like ``from_dict``."""
         merged = self.to_dict()
         merged.update(fields)
         return AmpSettings.from_dict(merged)
 
 
-def _brief(value: Any) -> str:
+def _brief(value: object) -> str:
     """repr, but a 300-digit integer is shown by its size."""
     text = repr(value)
     return text if len(text) <= 24 else f"{text[:8]}... ({len(text)} digits)"
@@ -263,7 +263,7 @@ def _brief(value: Any) -> str:
 def _normalise(s: AmpSettings) -> None:
     """Same spellings everywhere: dtype aliases, numpy scalars, whole floats for integers."""
 
-    def put(key: str, value: Any) -> None:
+    def put(key: str, value: object) -> None:
         object.__setattr__(s, key, value)
 
     for key in ("dtype", "inference_dtype"):
@@ -369,7 +369,7 @@ def store_in_config(
     config: AlgorithmConfig,
     settings: AmpSettings,
     *,
-    searched: Mapping[str, Any] | None = None,
+    searched: Mapping[str, object] | None = None,
 ) -> None:
     """Writes ``settings`` into ``config``; ``searched`` puts Tune samplers at some fields.
 
