@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rllib_amp.experiment.data import CheckpointSection, ExperimentData
 from rllib_amp.experiment.dotted import (
     TOP_KEYS,
     override_parts,
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 
-def _check_overrides_type(overrides: Any) -> None:
+def _check_overrides_type(overrides: object) -> None:
     if isinstance(overrides, (str, bytes)):
         raise TypeError(
             f"overrides: got the string {overrides!r}; pass a list, e.g. "
@@ -65,8 +66,8 @@ def _check_overrides_type(overrides: Any) -> None:
 
 
 def _override_items(
-    overrides: Mapping[str, Any] | Iterable[str], path: str
-) -> list[tuple[str, Any]]:
+    overrides: Mapping[str, object] | Iterable[str], path: str
+) -> list[tuple[str, object]]:
     """``(dotted key, value)`` pairs, each key checked to name a section of the experiment."""
     items = (
         list(overrides.items())
@@ -76,13 +77,6 @@ def _override_items(
     for key, _ in items:
         override_parts(key, path)
     return items
-
-
-def _section_copy(section: str, holds: str = "its normalised keys") -> Any:
-    """A read-only property giving a copy of one section, so callers may change what they get."""
-    return property(
-        lambda self: dict(self.data[section]), doc=f"A copy of the '{section}' section: {holds}."
-    )
 
 
 @dataclass(frozen=True)
@@ -98,7 +92,7 @@ class Experiment:
             prints them, so that a fixed value never loses to a search without a word.
     """
 
-    data: dict[str, Any]
+    data: ExperimentData
     path: str = "<dict>"
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -118,12 +112,29 @@ class Experiment:
             return "experiment"
         return os.path.splitext(os.path.basename(self.path))[0]
 
-    tune = _section_copy("tune")
-    stop = _section_copy("stop")
-    checkpoint = _section_copy("checkpoint")
-    search = _section_copy("search", "dotted key -> Sampler, in file order")
+    # Copies of one section each, so callers may change what they get.
+    @property
+    def tune(self) -> dict[str, Any]:
+        """A copy of the 'tune' section: its normalised keys (a ``TuneSection``; typed as
+        plain data while sweep/ indexes ``pbt`` without a None check)."""
+        return dict(self.data["tune"])
 
-    def get(self, dotted: str, default: Any = None) -> Any:
+    @property
+    def stop(self) -> dict[str, float]:
+        """A copy of the 'stop' section: its normalised keys."""
+        return dict(self.data["stop"])
+
+    @property
+    def checkpoint(self) -> CheckpointSection:
+        """A copy of the 'checkpoint' section: its normalised keys."""
+        return self.data["checkpoint"].copy()
+
+    @property
+    def search(self) -> dict[str, Sampler]:
+        """A copy of the 'search' section: dotted key -> Sampler, in file order."""
+        return dict(self.data["search"])
+
+    def get(self, dotted: str, default: object = None) -> Any:
         """The value at a dotted key, e.g. ``exp.get("amp.init_scale")``."""
         node: Any = self.data
         for part in dotted.split("."):
@@ -133,7 +144,7 @@ class Experiment:
         return node
 
     # -- derived experiments ----------------------------------------------------------------
-    def with_overrides(self, overrides: Mapping[str, Any] | Iterable[str] | None) -> Experiment:
+    def with_overrides(self, overrides: Mapping[str, object] | Iterable[str] | None) -> Experiment:
         """A new, validated Experiment with dotted-key overrides applied.
 
         Example:
@@ -146,7 +157,7 @@ class Experiment:
             return self
         return self._with_items(_override_items(overrides, self.path))
 
-    def _with_items(self, items: list[tuple[str, Any]]) -> Experiment:
+    def _with_items(self, items: list[tuple[str, object]]) -> Experiment:
         if not items:
             return self
         data = self.resolved()
@@ -166,7 +177,7 @@ class Experiment:
 
         return builder.algorithm_config(self.data)
 
-    def param_space(self) -> dict[str, Any]:
+    def param_space(self) -> dict[str, object]:
         """The Tune search space: dotted key -> Tune Domain (or grid_search dict)."""
         from rllib_amp.experiment import builder
 
@@ -178,7 +189,7 @@ class Experiment:
 
         return builder.algorithm_config(self.data, searched=self.param_space())
 
-    def resolved(self) -> dict[str, Any]:
+    def resolved(self) -> dict[str, object]:
         """The full normalised experiment as plain data (for --dry-run and overrides)."""
         out = {k: copy.deepcopy(v) for k, v in self.data.items() if k != "search"}
         out["search"] = {k: s.to_dict() for k, s in self.data["search"].items()}
@@ -186,7 +197,7 @@ class Experiment:
 
 
 def load(
-    path: str | os.PathLike[str], overrides: Mapping[str, Any] | Iterable[str] | None = None
+    path: str | os.PathLike[str], overrides: Mapping[str, object] | Iterable[str] | None = None
 ) -> Experiment:
     """Reads, validates and returns the experiment in ``path``, with dotted overrides.
 

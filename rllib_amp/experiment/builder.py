@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -30,8 +30,11 @@ from rllib_amp.experiment.schema import RESOURCES, SEED_MAX
 from rllib_amp.learner.metrics import tag_learners_with_trial
 from rllib_amp.settings import AmpSettings, store_in_config
 
+if TYPE_CHECKING:
+    from rllib_amp.experiment.data import ExperimentData
 
-def param_space(search: Mapping[str, Sampler]) -> dict[str, Any]:
+
+def param_space(search: Mapping[str, Sampler]) -> dict[str, object]:
     """The Tune search space: dotted key -> Tune Domain (or ``grid_search`` dict).
 
     Example:
@@ -41,7 +44,7 @@ def param_space(search: Mapping[str, Sampler]) -> dict[str, Any]:
     return {key: sampler.to_tune() for key, sampler in search.items()}
 
 
-def mutation_space(data: Mapping[str, Any]) -> dict[str, Any]:
+def mutation_space(data: ExperimentData) -> dict[str, object]:
     """PBT's mutations by dotted key: a list (PBT moves to a neighbouring value) or a Tune
     Domain (PBT multiplies by 0.8 or 1.2, or redraws); empty without ``tune.scheduler: pbt``.
 
@@ -54,14 +57,14 @@ def mutation_space(data: Mapping[str, Any]) -> dict[str, Any]:
         {'amp.growth_interval': [10, 100]}
     """
     pbt = data["tune"].get("pbt")
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
         sampler = Sampler.parse(spec)
         out[key] = list(sampler.values) if sampler.kind == "choice" else sampler.to_tune()
     return out
 
 
-def mutation_bounds(data: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+def mutation_bounds(data: ExperimentData) -> dict[str, tuple[float, float]]:
     """Dotted key -> (lo, hi) that a PBT perturbation of a range must stay within.
 
     Example:
@@ -69,7 +72,7 @@ def mutation_bounds(data: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
         {'k': (1, 4)}
     """
     pbt = data["tune"].get("pbt")
-    out: dict[str, tuple[Any, Any]] = {}
+    out: dict[str, tuple[float, float]] = {}
     for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
         sampler = Sampler.parse(spec)
         if sampler.kind != "choice":
@@ -99,12 +102,12 @@ class SeedOfSample:
         self.settings = max(1, settings)
         self.calls = 0
 
-    def __call__(self, spec: Any) -> int:
+    def __call__(self, spec: object) -> int:
         k = self.calls // self.settings
         self.calls += 1
         return sample_seed(self.base, k)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> SeedOfSample:
+    def __deepcopy__(self, memo: dict[int, object]) -> SeedOfSample:
         return self
 
     def __repr__(self) -> str:
@@ -121,7 +124,7 @@ def sample_seed(base: int, k: int) -> int:
     return (base + k) % (SEED_MAX + 1)
 
 
-def initial_space(data: Mapping[str, Any]) -> dict[str, Any]:
+def initial_space(data: ExperimentData) -> dict[str, object]:
     """The Tune search space of a trial's first config: the search, plus each PBT-mutated
     key not searched drawn from its mutation (so the population starts spread out), plus a
     seed per sample (``SeedOfSample``) when the file sets ``seed`` and does not search it.
@@ -137,14 +140,15 @@ def initial_space(data: Mapping[str, Any]) -> dict[str, Any]:
     for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
         if key not in space:
             space[key] = Sampler.parse(spec).to_tune()
-    if data.get("seed") is not None and "seed" not in space:
+    seed = data.get("seed")
+    if seed is not None and "seed" not in space:
         settings = math.prod(s.grid_size() for s in data["search"].values())
-        space["seed"] = tune.sample_from(SeedOfSample(data["seed"], settings))
+        space["seed"] = tune.sample_from(SeedOfSample(seed, settings))
     return space
 
 
 def algorithm_config(
-    data: Mapping[str, Any], searched: Mapping[str, Any] | None = None
+    data: ExperimentData, searched: Mapping[str, object] | None = None
 ) -> AlgorithmConfig:
     """The AlgorithmConfig for validated experiment ``data`` (``schema.validate``'s result).
 
@@ -152,8 +156,10 @@ def algorithm_config(
     so that the config can serve as a Tune ``param_space``; Tune replaces them with values
     before a trial builds its algorithm.
     """
-    d = dict(data)
-    amp_searched: dict[str, Any] = {}
+    # Plain data from here: the searched keys hold Tune Domains, and the sections go to
+    # RLlib's builder methods as keyword arguments.
+    d: dict[str, Any] = dict(data)
+    amp_searched: dict[str, object] = {}
     for key, domain in (searched or {}).items():
         top, _, field = key.partition(".")
         if top == "amp":

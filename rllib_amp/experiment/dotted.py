@@ -14,13 +14,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rllib_amp.algorithms import algorithm
 from rllib_amp.checks import suggest
 from rllib_amp.experiment.errors import ExperimentError, err
 from rllib_amp.experiment.rllib_keys import RESOURCES, TRAINING_NUMBERS, training_types
 from rllib_amp.settings import AmpSettings
+
+if TYPE_CHECKING:
+    from rllib_amp.experiment.data import ExperimentData
 
 # The top-level sections of an experiment, in the order ``schema.validate`` checks them (its
 # SECTIONS table has one validator for each).
@@ -41,7 +44,7 @@ TOP_KEYS: tuple[str, ...] = (
 )
 
 
-def is_integer_key(exp: Mapping[str, Any], dotted: str) -> bool:
+def is_integer_key(exp: ExperimentData, dotted: str) -> bool:
     """True when the experiment key ``dotted`` (e.g. ``training.num_epochs``) takes integers only.
 
     Example:
@@ -65,8 +68,8 @@ def is_integer_key(exp: Mapping[str, Any], dotted: str) -> bool:
 
 
 def with_dotted(
-    data: Mapping[str, Any], parts: Sequence[str], value: Any, key: str, path: str
-) -> dict[str, Any]:
+    data: Mapping[str, object], parts: Sequence[str], value: object, key: str, path: str
+) -> dict[str, object]:
     """A copy of ``data`` with ``data[p0][p1]...`` set to ``value``; copies only that path.
 
     Example:
@@ -107,7 +110,9 @@ def override_parts(key: str, path: str) -> list[str]:
     return parts
 
 
-def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> dict[str, Any]:
+def with_override(
+    data: Mapping[str, object], key: str, value: object, path: str
+) -> dict[str, object]:
     """``data`` with a ``--set`` style override; ``search.<dotted key>`` sets one search entry.
 
     The caller validates the result.
@@ -123,7 +128,7 @@ def with_override(data: Mapping[str, Any], key: str, value: Any, path: str) -> d
     return with_dotted(data, parts, value, key, path)
 
 
-def _covered(key: str, value: Any) -> set[str]:
+def _covered(key: str, value: object) -> set[str]:
     """The dotted keys a ``--set key=value`` gives a value: ``key``, and every key inside a
     mapping value (``--set amp={init_scale: 1024}`` sets ``amp.init_scale``)."""
     out = {key}
@@ -133,7 +138,7 @@ def _covered(key: str, value: Any) -> set[str]:
     return out
 
 
-def _spec_text(spec: Any) -> str:
+def _spec_text(spec: object) -> str:
     if isinstance(spec, Mapping) and len(spec) == 1:
         kind, arg = next(iter(spec.items()))
         if kind in ("grid", "choice") and isinstance(arg, list):
@@ -143,8 +148,8 @@ def _spec_text(spec: Any) -> str:
 
 
 def replaced_searches(
-    data: Mapping[str, Any], key: str, value: Any
-) -> tuple[dict[str, Any], list[str]]:
+    data: Mapping[str, object], key: str, value: object
+) -> tuple[dict[str, object], list[str]]:
     """``data`` without the search entries that ``--set key=value`` gives a fixed value, and
     one line per entry dropped: a fixed value the user asked for must not lose to a search.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from rllib_amp.checks import is_number, suggest
 
@@ -38,7 +37,7 @@ def err(path: str, key: str, msg: str) -> ExperimentError:
     return ExperimentError(f"{path}: {key}: {msg}")
 
 
-def check_mapping(path: str, key: str, value: Any) -> dict[str, Any]:
+def check_mapping(path: str, key: str, value: object) -> dict[str, object]:
     """``value`` as a dict (None: empty); anything but a mapping is refused."""
     if value is None:
         return {}
@@ -47,7 +46,7 @@ def check_mapping(path: str, key: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def check_keys(path: str, section: str, d: Mapping[str, Any], allowed: Iterable[str]) -> None:
+def check_keys(path: str, section: str, d: Mapping[str, object], allowed: Iterable[str]) -> None:
     """Refuses a key of ``d`` not in ``allowed``, suggesting the nearest."""
     allowed = tuple(allowed)
     for k in d:
@@ -60,14 +59,23 @@ def check_keys(path: str, section: str, d: Mapping[str, Any], allowed: Iterable[
 
 
 def check_number(
-    path: str, key: str, v: Any, types: tuple[type, ...], lo: float | None, hi: float | None = None
-) -> None:
-    """Refuses ``v`` unless a finite number of ``types`` in [lo, hi] (None: unbounded)."""
-    ok_type = is_number(v) and (float in types or isinstance(v, int))
-    if not ok_type or (isinstance(v, float) and not math.isfinite(v)):
+    path: str,
+    key: str,
+    v: object,
+    types: tuple[type, ...],
+    lo: float | None,
+    hi: float | None = None,
+) -> float:
+    """``v``, refused unless a finite number of ``types`` in [lo, hi] (None: unbounded)."""
+    if (
+        not is_number(v)
+        or not (float in types or isinstance(v, int))
+        or (isinstance(v, float) and not math.isfinite(v))
+    ):
         expected = "an integer" if types == (int,) else "a number"
         raise err(path, key, f"got {v!r}; expected {expected}")
     if lo is not None and v < lo:
         raise err(path, key, f"got {v!r}; must be >= {lo}")
     if hi is not None and v > hi:
         raise err(path, key, f"got {v!r}; must be <= {hi}")
+    return v

@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from rllib_amp.checks import dotted, suggest
 from rllib_amp.experiment.errors import (
@@ -25,8 +25,11 @@ from rllib_amp.experiment.errors import (
 from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.settings import AMP_CONFIG_KEY
 
+if TYPE_CHECKING:
+    from rllib_amp.experiment.data import ExperimentData, PbtSection, SamplerSpec, TuneSection
+
 # (experiment so far, dotted key, sampler, where, path) -> None: the schema's value check.
-CheckValues = Callable[[Mapping[str, Any], str, Sampler, str, str], None]
+CheckValues = Callable[["ExperimentData", str, Sampler, str, str], None]
 
 # Settings that a PBT exploit cannot carry over, and why; every other AMP setting may mutate.
 _NOT_MUTABLE_UNDER_PBT = {
@@ -45,7 +48,7 @@ _NOT_MUTABLE_UNDER_PBT = {
 }
 
 
-def check_pbt_mutations(mutations: Mapping[str, Any], *, searched: Iterable[str] = ()) -> None:
+def check_pbt_mutations(mutations: Mapping[str, object], *, searched: Iterable[str] = ()) -> None:
     """Refuses AMP settings that Population Based Training cannot change mid-run.
 
     ``mutations`` is PBT's ``hyperparam_mutations`` (flat dotted keys such as
@@ -79,7 +82,7 @@ def check_pbt_mutations(mutations: Mapping[str, Any], *, searched: Iterable[str]
 
 
 SCHEDULERS = ("fifo", "asha", "pbt")
-TUNE_DEFAULTS: dict[str, Any] = {
+TUNE_DEFAULTS: dict[str, object] = {
     "metric": "env_runners/episode_return_mean",
     "mode": "max",
     "num_samples": 1,
@@ -90,7 +93,7 @@ TUNE_DEFAULTS: dict[str, Any] = {
 }
 # tune.pbt: Population Based Training (tune.scheduler: pbt). perturbation_interval counts
 # training iterations; the rest are Tune's PopulationBasedTraining arguments.
-PBT_DEFAULTS: dict[str, Any] = {
+PBT_DEFAULTS: dict[str, object] = {
     "perturbation_interval": None,
     "hyperparam_mutations": None,
     "quantile_fraction": 0.25,
@@ -108,8 +111,8 @@ PBT_EXAMPLE = (
 
 
 def check_tune(
-    value: Any, exp: Mapping[str, Any], path: str, check_values: CheckValues
-) -> dict[str, Any]:
+    value: object, exp: ExperimentData, path: str, check_values: CheckValues
+) -> TuneSection:
     """The ``tune`` section, normalised; ``check_values`` checks a PBT mutation's values as
     its section checks a search entry's (the schema's own, passed in)."""
     given = check_mapping(path, "tune", value)
@@ -138,12 +141,11 @@ def check_tune(
             "tune.pbt",
             f"set, but tune.scheduler is {t['scheduler']!r}; add 'scheduler: pbt' or drop pbt",
         )
-    return t
+    # Every key checked above, the defaults filling in the rest.
+    return cast("TuneSection", t)
 
 
-def _pbt(
-    value: Any, exp: Mapping[str, Any], path: str, check_values: CheckValues
-) -> dict[str, Any]:
+def _pbt(value: object, exp: ExperimentData, path: str, check_values: CheckValues) -> PbtSection:
     """tune.pbt, normalised: every mutation a one-key sampler mapping ({choice: [...]} for a
     list); its values checked by their section's validator, like search entries."""
     if value is None:
@@ -170,7 +172,7 @@ def _pbt(
         check_pbt_mutations(mutations)
     except ValueError as e:
         raise ExperimentError(f"{path}: tune.pbt.{e}") from None
-    out: dict[str, dict[str, list[Any]]] = {}
+    out: dict[str, SamplerSpec] = {}
     for key, spec in mutations.items():
         key = str(key)
         top, *rest = key.split(".")
@@ -197,10 +199,11 @@ def _pbt(
         check_values(exp, key, sampler, f"{where}.{key}", path)
         out[key] = sampler.to_dict()
     pbt["hyperparam_mutations"] = out
-    return pbt
+    # Every key checked above, the defaults filling in the rest.
+    return cast("PbtSection", pbt)
 
 
-def check_pbt_needs(exp: Mapping[str, Any], path: str) -> None:
+def check_pbt_needs(exp: ExperimentData, path: str) -> None:
     """What PBT needs of the sections after ``tune``: no init_scale or warm_start in the
     search, and a checkpoint at least every perturbation_interval for exploits to copy."""
     pbt = exp["tune"]["pbt"]

@@ -35,13 +35,16 @@ import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.sampler import Sampler
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    from rllib_amp.experiment.data import ExperimentData, Section
+    from rllib_amp.experiment.results import ResultCatalog
 
 
 class Experiment(Protocol):
@@ -50,7 +53,7 @@ class Experiment(Protocol):
     @property
     def path(self) -> str: ...
     @property
-    def data(self) -> dict[str, Any]: ...
+    def data(self) -> ExperimentData: ...
     @property
     def algorithm(self) -> str: ...
     @property
@@ -58,10 +61,10 @@ class Experiment(Protocol):
     @property
     def search(self) -> dict[str, Sampler]: ...
     @property
-    def stop(self) -> dict[str, Any]: ...
+    def stop(self) -> dict[str, float]: ...
     @property
     def tune(self) -> dict[str, Any]: ...
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Experiment: ...
+    def with_overrides(self, overrides: Mapping[str, object]) -> Experiment: ...
     def algorithm_config(self) -> AlgorithmConfig: ...
 
 
@@ -116,11 +119,11 @@ def preflight(exp: Experiment) -> str:
 
 
 # -- the configs a sweep can produce --------------------------------------------------------
-def _draws(sampler: Sampler, rng: random.Random) -> list[Any]:
+def _draws(sampler: Sampler, rng: random.Random) -> list[object]:
     if sampler.kind in ("grid", "choice"):
         return list(sampler.values)
     lo, hi = sampler.values
-    values = list(sampler.edges())
+    values: list[object] = list(sampler.edges())
     for _ in range(RANGE_DRAWS):
         if sampler.kind == "randint":
             values.append(rng.randrange(lo, hi))
@@ -131,14 +134,14 @@ def _draws(sampler: Sampler, rng: random.Random) -> list[Any]:
     return _unique(values)
 
 
-def _unique(values: Sequence[Any]) -> list[Any]:
-    seen: dict[str, Any] = {}
+def _unique(values: Sequence[object]) -> list[object]:
+    seen: dict[str, object] = {}
     for v in values:
         seen.setdefault(repr(v), v)
     return list(seen.values())
 
 
-def sweep_points(search: Mapping[str, Sampler], seed: int = 0) -> list[dict[str, Any]]:
+def sweep_points(search: Mapping[str, Sampler], seed: int = 0) -> list[dict[str, object]]:
     """The searched values to build configs from: dotted key -> value, one dict per config.
 
     Every combination when there are at most ``MAX_FULL_PRODUCT``; otherwise every grid point
@@ -170,14 +173,14 @@ def sweep_points(search: Mapping[str, Sampler], seed: int = 0) -> list[dict[str,
     return points
 
 
-def _where(point: Mapping[str, Any]) -> str:
+def _where(point: Mapping[str, object]) -> str:
     if not point:
         return ""
     shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
     return f" (with {shown})"
 
 
-def _trial(exp: Experiment, point: Mapping[str, Any]) -> Experiment:
+def _trial(exp: Experiment, point: Mapping[str, object]) -> Experiment:
     """The experiment one trial runs: the searched values in place, nothing left to search."""
     try:
         return exp.with_overrides({**point, "search": None})
@@ -185,7 +188,7 @@ def _trial(exp: Experiment, point: Mapping[str, Any]) -> Experiment:
         raise ExperimentError(f"{e}{_where(point)}") from None
 
 
-def _build(exp: Experiment, trial: Experiment, point: Mapping[str, Any]) -> AlgorithmConfig:
+def _build(exp: Experiment, trial: Experiment, point: Mapping[str, object]) -> AlgorithmConfig:
     with _quiet():
         try:
             config = trial.algorithm_config()
@@ -234,14 +237,14 @@ def check_result_keys(exp: Experiment, config: AlgorithmConfig) -> None:
         )
 
 
-def _nearest(results: Any, key: str) -> str:
+def _nearest(results: ResultCatalog, key: str) -> str:
     near = results.nearest(key)
     return f" (did you mean '{near}'?)" if near else ""
 
 
 # -- env and module -----------------------------------------------------------------------
 def _build_runtime(
-    exp: Experiment, trial: Experiment, config: AlgorithmConfig, point: Mapping[str, Any]
+    exp: Experiment, trial: Experiment, config: AlgorithmConfig, point: Mapping[str, object]
 ) -> None:
     """Builds what a trial's env runner builds first: the env and the RLModule; closes them.
 
@@ -298,12 +301,13 @@ def _error_with_cause(e: BaseException) -> str:
     return line
 
 
-def _named_key(exp: Experiment, message: str, default: str, point: Mapping[str, Any]) -> str:
+def _named_key(exp: Experiment, message: str, default: str, point: Mapping[str, object]) -> str:
     """The experiment key an RLlib error message mentions (its name as a word), or ``default``.
 
     Searched keys first: when a sweep fails at one point, its values are the likely cause.
     """
-    candidates = [*point, *(f"{s}.{k}" for s in _SECTIONS for k in exp.data[s])]
+    sections: Mapping[str, object] = exp.data  # _SECTIONS are free-form sections
+    candidates = [*point, *(f"{s}.{k}" for s in _SECTIONS for k in cast("Section", sections[s]))]
     for dotted in candidates:
         name = re.escape(dotted.rsplit(".", 1)[-1])
         if re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", message):
@@ -312,7 +316,7 @@ def _named_key(exp: Experiment, message: str, default: str, point: Mapping[str, 
 
 
 def _failure(
-    exp: Experiment, stage: str, e: BaseException, point: Mapping[str, Any], default: str
+    exp: Experiment, stage: str, e: BaseException, point: Mapping[str, object], default: str
 ) -> ExperimentError:
     if isinstance(e, ExperimentError):
         return ExperimentError(f"{e}{_where(point)}")

@@ -19,7 +19,8 @@ import math
 import os
 import re
 import stat
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
@@ -45,18 +46,20 @@ _UTF16_32_BOMS = {
     codecs.BOM_UTF16_BE: "UTF-16",
 }
 
+_T = TypeVar("_T")
+
 
 class YamlRefused(yaml.YAMLError):
     """Input the loader refuses although YAML allows it; ``problem`` and ``fix`` are phrases."""
 
-    def __init__(self, problem: str, mark: Any, fix: str):
+    def __init__(self, problem: str, mark: yaml.Mark | None, fix: str):
         super().__init__(problem)
         self.problem = problem
         self.problem_mark = mark
         self.fix = fix
 
 
-def _line(mark: Any) -> int:
+def _line(mark: yaml.Mark) -> int:
     return int(mark.line) + 1
 
 
@@ -73,7 +76,7 @@ class _Loader(yaml.SafeLoader):
         self._sizes: dict[int, int] = {}
 
     # -- composing: aliases and depth --------------------------------------------------------
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: object) -> Node:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in self._open_anchors:
@@ -168,7 +171,7 @@ class _Loader(yaml.SafeLoader):
     def construct_yaml_bool(self, node: Node) -> bool:
         return bool(_scalar(super().construct_yaml_bool, node, "true or false"))
 
-    def construct_yaml_timestamp(self, node: Node) -> Any:
+    def construct_yaml_timestamp(self, node: Node) -> object:
         return _scalar(super().construct_yaml_timestamp, node, "a date")
 
 
@@ -206,7 +209,7 @@ def _too_large(text: str, node: Node) -> YamlRefused:
     )
 
 
-def _scalar(construct: Any, node: Node, expected: str) -> Any:
+def _scalar(construct: Callable[[Node], _T], node: Node, expected: str) -> _T:
     """Runs one of SafeLoader's scalar constructors; its crashes on bad text become refusals."""
     try:
         return construct(node)
@@ -218,7 +221,7 @@ def _scalar(construct: Any, node: Node, expected: str) -> Any:
         ) from None
 
 
-def _yaml_load(text: str) -> Any:
+def _yaml_load(text: str) -> object:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
@@ -313,7 +316,7 @@ def _yaml_error(e: yaml.YAMLError) -> str:
     return f"YAML syntax error at {where}: {problem}; check the indentation, quotes and brackets"
 
 
-def read_file(path: str) -> Any:
+def read_file(path: str) -> object:
     """The parsed content of the YAML file ``path`` (not yet validated).
 
     Example:
@@ -339,7 +342,7 @@ def read_file(path: str) -> Any:
     return raw
 
 
-def parse_override(item: str) -> tuple[str, Any]:
+def parse_override(item: str) -> tuple[str, object]:
     """A ``--set`` item -> (dotted key, value); the value is read as YAML.
 
     A value YAML cannot parse stays a string; one the loader refuses (a duplicate key, a number

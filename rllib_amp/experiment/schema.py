@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
@@ -45,8 +45,10 @@ from rllib_amp.settings import AmpSettings, WarmStart
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
+    from rllib_amp.experiment.data import CheckpointSection, ExperimentData, Section
+
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
-CHECKPOINT_DEFAULTS: dict[str, Any] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
+CHECKPOINT_DEFAULTS: dict[str, object] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
 # Seeds go to numpy's and torch's generators, which take 32-bit seeds.
 SEED_MAX = 2**32 - 1
 # Sections whose keys may be searched; "seed" is searched whole.
@@ -83,7 +85,7 @@ def modelcheck_keys() -> tuple[str, ...]:
 LR_SCHEDULE_EXAMPLE = "lr: [[0, 2.5e-4], [3000000, 0.0]]"
 
 
-def _lr(path: str, v: Any) -> None:
+def _lr(path: str, v: object) -> None:
     """A learning rate >= 0, or RLlib's schedule form: [[env_step, lr], ...] pairs, steps
     increasing from 0, interpolated linearly (RLlib's ``Scheduler``)."""
     if is_number(v):
@@ -108,12 +110,12 @@ def _lr(path: str, v: Any) -> None:
 
 
 # -- one validator per section: (raw value, sections checked so far, path) -> normalised ------
-def _required_name(section: str, value: Any, path: str) -> None:
+def _required_name(section: str, value: object, path: str) -> None:
     if value in (None, ""):
         raise err(path, section, f"missing; add e.g. '{section}: {EXAMPLES[section]}'")
 
 
-def _algorithm(value: Any, exp: Mapping[str, Any], path: str) -> str:
+def _algorithm(value: object, exp: ExperimentData, path: str) -> str:
     _required_name("algorithm", value, path)
     if not isinstance(value, str):
         raise err(path, "algorithm", f"got {value!r}; allowed: {', '.join(ALGORITHMS)}")
@@ -123,7 +125,7 @@ def _algorithm(value: Any, exp: Mapping[str, Any], path: str) -> str:
         raise ExperimentError(f"{path}: {e}") from None
 
 
-def _env(value: Any, exp: Mapping[str, Any], path: str) -> str:
+def _env(value: object, exp: ExperimentData, path: str) -> str:
     _required_name("env", value, path)
     if not isinstance(value, str):
         raise err(path, "env", f"got {value!r}; expected a gymnasium id such as 'CartPole-v1'")
@@ -136,11 +138,11 @@ def _env(value: Any, exp: Mapping[str, Any], path: str) -> str:
     return value
 
 
-def _env_config(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _env_config(value: object, exp: ExperimentData, path: str) -> Section:
     return check_mapping(path, "env_config", value)
 
 
-def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _model(value: object, exp: ExperimentData, path: str) -> Section:
     """A preset name, or a mapping of preset / batchnorm / RLlib DefaultModelConfig fields."""
     from rllib_amp.envs import configure as envs
     from rllib_amp.envs import models
@@ -166,7 +168,7 @@ def _model(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     return model
 
 
-def _amp(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _amp(value: object, exp: ExperimentData, path: str) -> Section:
     amp = check_mapping(path, "amp", value)
     try:
         settings = AmpSettings.from_dict(amp, where="amp")
@@ -191,7 +193,7 @@ def _check_warm_start(checkpoint: str, modules: tuple[tuple[str, str], ...] | No
     check_warm_start(AmpSettings(warm_start=warm), [DEFAULT_MODULE_ID])
 
 
-def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _training(value: object, exp: ExperimentData, path: str) -> Section:
     training = check_mapping(path, "training", value)
     cls = algorithm(exp["algorithm"]).config_class
     check_keys(path, "training", training, training_keys(cls))
@@ -210,7 +212,7 @@ def _training(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     return training
 
 
-def _resources(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _resources(value: object, exp: ExperimentData, path: str) -> Section:
     resources = check_mapping(path, "resources", value)
     check_keys(path, "resources", resources, RESOURCES)
     for k, v in resources.items():
@@ -218,16 +220,14 @@ def _resources(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
     return resources
 
 
-def _stop(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _stop(value: object, exp: ExperimentData, path: str) -> dict[str, float]:
     stop = check_mapping(path, "stop", value)
     if not stop:
         raise err(path, "stop", "missing or empty; add e.g. 'stop: {training_iteration: 10}'")
-    for k, v in stop.items():
-        check_number(path, f"stop.{k}", v, (int, float), None)
-    return stop
+    return {k: check_number(path, f"stop.{k}", v, (int, float), None) for k, v in stop.items()}
 
 
-def _checkpoint(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _checkpoint(value: object, exp: ExperimentData, path: str) -> CheckpointSection:
     given = check_mapping(path, "checkpoint", value)
     check_keys(path, "checkpoint", given, CHECKPOINT_DEFAULTS)
     ckpt = {**CHECKPOINT_DEFAULTS, **given}
@@ -236,17 +236,22 @@ def _checkpoint(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Any]
         check_number(path, "checkpoint.num_to_keep", ckpt["num_to_keep"], (int,), 1)
     if not isinstance(ckpt["at_end"], bool):
         raise err(path, "checkpoint.at_end", f"got {ckpt['at_end']!r}; expected true or false")
-    return ckpt
+    # Every key checked above, the defaults filling in the rest.
+    return cast("CheckpointSection", ckpt)
 
 
-def _seed(value: Any, exp: Mapping[str, Any], path: str) -> int | None:
-    if value is not None:
-        check_number(path, "seed", value, (int,), 0, SEED_MAX)
+def _seed(value: object, exp: ExperimentData, path: str) -> int | None:
+    if value is None:
+        return None
+    check_number(path, "seed", value, (int,), 0, SEED_MAX)
+    assert isinstance(value, int)  # check_number refuses anything else
     return value
 
 
-def _storage_path(value: Any, exp: Mapping[str, Any], path: str) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
+def _storage_path(value: object, exp: ExperimentData, path: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
         raise err(
             path,
             "storage_path",
@@ -256,7 +261,7 @@ def _storage_path(value: Any, exp: Mapping[str, Any], path: str) -> str | None:
     return value
 
 
-def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]:
+def _search(value: object, exp: ExperimentData, path: str) -> dict[str, Sampler]:
     """Dotted key -> Sampler; each edge value is checked by the validator of its section."""
     out: dict[str, Sampler] = {}
     for key, spec in check_mapping(path, "search", value).items():
@@ -284,11 +289,10 @@ def _search(value: Any, exp: Mapping[str, Any], path: str) -> dict[str, Sampler]
     return out
 
 
-def _check_values(
-    exp: Mapping[str, Any], key: str, sampler: Sampler, where: str, path: str
-) -> None:
+def _check_values(exp: ExperimentData, key: str, sampler: Sampler, where: str, path: str) -> None:
     """Every value ``sampler`` can give the dotted ``key`` passes the key's section validator."""
     top, *rest = key.split(".")
+    sections: Mapping[str, object] = exp
     if sampler.kind in ("uniform", "loguniform") and is_integer_key(exp, key):
         lo, hi = sampler.values
         raise err(
@@ -299,7 +303,10 @@ def _check_values(
             f"integers",
         )
     for edge in sampler.edges():
-        section = with_dotted(exp[top], rest, edge, key, path) if rest else edge
+        # A dotted key below the top names one key of a free-form section.
+        section = (
+            with_dotted(cast("Section", sections[top]), rest, edge, key, path) if rest else edge
+        )
         try:
             SECTIONS[top](section, exp, path)
         except ExperimentError as e:
@@ -307,7 +314,7 @@ def _check_values(
 
 
 # In the order they run: each may read the sections above it.
-SECTIONS: dict[str, Callable[[Any, Mapping[str, Any], str], Any]] = {
+SECTIONS: dict[str, Callable[[object, ExperimentData, str], object]] = {
     "algorithm": _algorithm,
     "env": _env,
     "env_config": _env_config,
@@ -324,22 +331,22 @@ SECTIONS: dict[str, Callable[[Any, Mapping[str, Any], str], Any]] = {
 }
 
 
-def _batch_bounds(exp: Mapping[str, Any], key: str, default: int | None) -> tuple[Any, Any]:
+def _batch_bounds(exp: ExperimentData, key: str, default: int | None) -> tuple[object, object]:
     """(smallest, largest) value ``training.key`` can take, searched, mutated by PBT or not."""
     pbt = exp["tune"]["pbt"]
     mutated = (pbt["hyperparam_mutations"] if pbt else {}).get(f"training.{key}")
     samplers = [exp["search"].get(f"training.{key}"), mutated and Sampler.parse(mutated)]
-    nums = [v for s in samplers if s for v in s.edges() if is_number(v)]
+    edges: list[object] = [v for s in samplers if s for v in s.edges() if is_number(v)]
     if mutated and f"training.{key}" not in exp["search"]:
-        nums.append(exp["training"].get(key, default))  # a trial may start at the file's value
-    nums = [v for v in nums if is_number(v)]
+        edges.append(exp["training"].get(key, default))  # a trial may start at the file's value
+    nums = [v for v in edges if is_number(v)]
     if nums:
         return min(nums), max(nums)
     v = exp["training"].get(key, default)
     return v, v
 
 
-def _check_batch_sizes(exp: Mapping[str, Any], path: str) -> None:
+def _check_batch_sizes(exp: ExperimentData, path: str) -> None:
     """Learners that split each train batch into minibatches: none may outgrow the batch."""
     if not algorithm(exp["algorithm"]).minibatches:
         return
@@ -357,7 +364,7 @@ def _check_batch_sizes(exp: Mapping[str, Any], path: str) -> None:
         )
 
 
-def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
+def validate(raw: object, path: str = "<dict>") -> ExperimentData:
     """Checks and normalises an experiment mapping; raises ExperimentError.
 
     The result has every section (defaults filled in, ``model`` a mapping, ``search`` a
@@ -375,12 +382,14 @@ def validate(raw: Any, path: str = "<dict>") -> dict[str, Any]:
         )
     check_keys(path, "", raw, TOP_KEYS)
     _check_shape(raw, path)
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
+    # The table fills ExperimentData's keys in order; each check reads those before it.
+    data = cast("ExperimentData", out)
     for section, check in SECTIONS.items():
-        out[section] = check(raw.get(section), out, path)
-    _check_batch_sizes(out, path)
-    check_pbt_needs(out, path)
-    return out
+        out[section] = check(raw.get(section), data, path)
+    _check_batch_sizes(data, path)
+    check_pbt_needs(data, path)
+    return data
 
 
 # The sections that hold a mapping (``model`` may name a preset instead).
@@ -397,7 +406,7 @@ MAPPING_SECTIONS = (
 )
 
 
-def _check_shape(raw: Mapping[str, Any], path: str) -> None:
+def _check_shape(raw: Mapping[str, object], path: str) -> None:
     """Each section is a mapping where one belongs. Checked before any section's content, so
     a file of the wrong shape is refused before the env and training checks import RLlib."""
     for section in MAPPING_SECTIONS:
