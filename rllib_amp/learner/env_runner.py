@@ -34,7 +34,7 @@ _FORWARDS = ("_forward_exploration", "_forward_inference")
 _warned_missing: set[tuple[str, str]] = set()
 
 
-def autocast_forwards(module: Any, precision: Precision) -> None:
+def autocast_forwards(module: object, precision: Precision) -> None:
     """Wraps a module's exploration/inference forward passes in autocast (instance-level).
 
     A module without one of RLlib's hooks (a future RLlib that renamed them, or a module that
@@ -71,7 +71,7 @@ def autocast_forwards(module: Any, precision: Precision) -> None:
         setattr(module, name, forward)
 
 
-def _warn_missing_once(module: Any, name: str) -> None:
+def _warn_missing_once(module: object, name: str) -> None:
     key = (type(module).__qualname__, name)
     if key in _warned_missing:
         return

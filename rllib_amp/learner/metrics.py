@@ -79,7 +79,7 @@ def publish(values: dict[str, float], *, trial: str, module: str) -> None:
 _TRIAL_IN_DIRNAME = re.compile(r"^(.+?_(?:[0-9a-f]{5}_\d{5}|[0-9a-f]{8}))(?:_|$)")
 
 
-def trial_name(algorithm: Any) -> str:
+def trial_name(algorithm: object) -> str:
     """The Tune trial an Algorithm serves, or "default" outside Tune.
 
     RLlib drops Tune's trial info when it turns the trial's config dict into an
@@ -102,11 +102,11 @@ def trial_name(algorithm: Any) -> str:
     return "default"
 
 
-def tag_learners_with_trial(*, algorithm: Any, **kwargs: Any) -> None:
+def tag_learners_with_trial(*, algorithm: Any, **kwargs: object) -> None:
     """RLlib ``on_algorithm_init`` callback: tells the learners which trial they serve."""
     trial = trial_name(algorithm)
 
-    def tag(learner: Any) -> None:
+    def tag(learner: object) -> None:
         if hasattr(learner, "set_amp_trial"):
             learner.set_amp_trial(trial)
 
