@@ -72,7 +72,8 @@ def with_amp(
             f"with_amp: expected an RLlib AlgorithmConfig, got {type(config).__name__}; "
             f"pass e.g. PPOConfig().environment('CartPole-v1')"
         )
-    if algorithm_for_config(config) is None:
+    record = algorithm_for_config(config)
+    if record is None:
         raise ValueError(
             f"with_amp: {type(config).__name__} is not supported; supported algorithms: "
             f"{', '.join(f'{a.name} ({a.config_class.__name__})' for a in ALGORITHMS.values())}"
@@ -89,6 +90,14 @@ def with_amp(
             "enable_env_runner_and_connector_v2=True)"
         )
     check_no_rllib_grad_scaler(config, where="with_amp")
+    learner = config.learner_class
+    if not (isinstance(learner, type) and issubclass(learner, record.learner)):
+        name = getattr(learner, "__name__", repr(learner))
+        raise ValueError(
+            f"with_amp: {type(config).__name__}.learner_class is {name}, not a "
+            f"{record.learner.__name__} (or subclass): {record.name} cannot train with it; "
+            f"drop .learners(learner_class=...) or pass a {record.learner.__name__} subclass"
+        )
     if not isinstance(settings, (AmpSettings, type(None))):
         raise TypeError(
             f"with_amp: settings must be an AmpSettings, got {type(settings).__name__}; "

@@ -35,6 +35,8 @@ _FLOAT_FIELDS = ("init_scale", "growth_factor", "backoff_factor", "skip_warning_
 _INT_FIELDS = ("growth_interval", "skip_warning_updates")
 # GradScaler keeps the scale in a float32 tensor and the growth tracker in an int32 one.
 FLOAT32_MAX = 3.4028234663852886e38
+# The smallest positive normal float32 (numpy.finfo(numpy.float32).tiny).
+FLOAT32_TINY = 1.1754943508222875e-38
 INT32_MAX = 2**31 - 1
 # Below this a float16 loss times the scale underflows to zero for any ordinary loss, and
 # every step would be skipped or learn nothing (2**-24 is float16's smallest subnormal).

@@ -21,12 +21,17 @@ def run(argv: Sequence[str] | None = None) -> int:
         algos = [algorithm(a.strip()) for a in args.algorithms.split(",") if a.strip()]
     except ValueError as e:
         raise UsageError(f"--algorithms: {e}") from None
+    # Every module is built before the first line: what RLlib logs while building one (a
+    # DeprecationWarning of its own) then comes before the table, not inside it.
+    rows = [
+        (preset, "84x84x4" if image else "vector",
+         [count_parameters(a.config_class, preset, image=image) for a in algos])
+        for image in (True, False)
+        for preset in PRESETS
+    ]  # fmt: skip
     print(f"{'preset':<8}{'input':<8}" + "".join(f"{a.name + ' params':>14}" for a in algos))
-    for image in (True, False):
-        for preset in PRESETS:
-            counts = [count_parameters(a.config_class, preset, image=image) for a in algos]
-            kind = "84x84x4" if image else "vector"
-            print(f"{preset:<8}{kind:<8}" + "".join(f"{c:>14,}" for c in counts))
+    for preset, kind, counts in rows:
+        print(f"{preset:<8}{kind:<8}" + "".join(f"{c:>14,}" for c in counts))
     return 0
 
 

@@ -45,9 +45,9 @@ from rllib_amp.fs import (
     resolve,
 )
 from rllib_amp.log_events import event
-from rllib_amp.scaling.scaler import PolicyScaler, saved_scale, seed_scalers
+from rllib_amp.scaling.scaler import STATE_VERSION, PolicyScaler, saved_scale, seed_scalers
 from rllib_amp.scaling.state import AMP_STATE_KEY
-from rllib_amp.settings import FLOAT32_MAX, AmpSettings, WarmStart
+from rllib_amp.settings import FLOAT32_MAX, FLOAT32_TINY, AmpSettings, WarmStart
 
 logger = logging.getLogger(__name__)
 
@@ -154,30 +154,46 @@ def _read_scaler_states(path: str, where: str) -> dict[str, dict[str, Any]]:
     return dict(saved)
 
 
-def _check_saved_scales(file: str, saved: Any) -> None:
-    """ValueError naming the file, the module and the value when a saved scale or growth
-    tracker is one no GradScaler could hold: such a run never saved it, the file was edited."""
+def _check_saved_scales(file: str, saved: object) -> None:
+    """ValueError naming the file, the module and the value when a saved scaler state is one
+    this version cannot read, or holds a scale or growth tracker no GradScaler could: such a
+    run never saved it, the file was edited or written by another version."""
     if not isinstance(saved, Mapping):
         raise ValueError(
             f"{WHERE}.from: {file}: the AMP scaler state is a {type(saved).__name__}, not a "
             f"mapping of ModuleID -> scaler state; warm-start from another checkpoint"
         )
+    fix = "warm-start from another checkpoint, or drop warm_start to start from init_scale"
     for module_id, state in saved.items():
-        torch_state = state.get("torch") if isinstance(state, Mapping) else None
-        if not isinstance(torch_state, Mapping):
-            continue
         at = f"{WHERE}.from: {file}: module {str(module_id)!r}"
-        fix = "warm-start from another checkpoint, or drop warm_start to start from init_scale"
+        if not isinstance(state, Mapping):
+            raise ValueError(f"{at} has the scaler state {state!r}, not a mapping; {fix}")
+        version = state.get("version")
+        if type(version) is not int or version != STATE_VERSION:
+            raise ValueError(
+                f"{at} has the scaler state version {version!r}; this rllib-amp reads version "
+                f"{STATE_VERSION} (saved by another rllib-amp, or edited); {fix}"
+            )
+        if not isinstance(state.get("scaling"), bool):
+            raise ValueError(
+                f"{at} has the saved scaling flag {state.get('scaling')!r}; it is true or "
+                f"false; {fix}"
+            )
+        torch_state = state.get("torch")
+        if not isinstance(torch_state, Mapping):
+            raise ValueError(
+                f"{at} has the saved GradScaler state {torch_state!r}, not a mapping; {fix}"
+            )
         scale = torch_state.get("scale")
         if "scale" in torch_state and not (
             isinstance(scale, numbers.Real)
             and not isinstance(scale, bool)
             and math.isfinite(scale)
-            and 0 < float(scale) <= FLOAT32_MAX
+            and FLOAT32_TINY <= float(scale) <= FLOAT32_MAX
         ):
             raise ValueError(
-                f"{at} has the saved scale {scale!r}; a loss scale is a finite number in "
-                f"(0, {FLOAT32_MAX:g}] (float32); {fix}"
+                f"{at} has the saved scale {scale!r}; a loss scale is a positive normal "
+                f"float32, in [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}]; {fix}"
             )
         tracker = torch_state.get("_growth_tracker", 0)
         counts = isinstance(tracker, numbers.Integral) and not isinstance(tracker, bool)

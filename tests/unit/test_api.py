@@ -83,6 +83,24 @@ def test_amp_learner_refuses_rllibs_own_scaler_at_build():
         cfg.build_learner(spaces=spaces)
 
 
+def test_a_learner_of_another_algorithm_is_refused():
+    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+
+    with pytest.raises(
+        ValueError,
+        match=r"with_amp: PPOConfig\.learner_class is DQNTorchLearner, not a PPOTorchLearner "
+        r"\(or subclass\)",
+    ):
+        with_amp(PPOConfig().learners(learner_class=DQNTorchLearner))
+
+    class MyLearner(PPOTorchLearner):
+        pass
+
+    assert with_amp(PPOConfig().learners(learner_class=MyLearner)).learner_class.__name__ == (
+        "AmpMyLearner"
+    )
+
+
 def test_amp_learner_class_wraps_user_learners_once():
     class MyLearner(PPOTorchLearner):
         pass

@@ -48,6 +48,17 @@ def edited(key, value):
     return make
 
 
+def edited_state(key, value):
+    """A checkpoint whose scaler state (not its torch part) has ``key`` set to ``value``."""
+
+    def make(tmp_path):
+        state = PolicyScaler(AmpSettings(init_scale=512.0), "cpu", scaling=True).state_dict()
+        state[key] = value
+        return checkpoint(tmp_path, {AMP_STATE_KEY: {"default_policy": state}})
+
+    return make
+
+
 def experiment(tmp_path, warm_start):
     p = tmp_path / "warm.yaml"
     p.write_text(textwrap.dedent(FILE.format(warm_start=warm_start)))
@@ -75,6 +86,22 @@ def test_warm_start_and_shared_scaler_pass_schema_and_preflight(tmp_path, capsys
         (edited("scale", -1.0), None, "has the saved scale -1.0;"),
         (edited("scale", [512.0]), None, "has the saved scale [512.0];"),
         (edited("_growth_tracker", -3), None, "has the saved growth tracker -3;"),
+        # Not a positive normal float32: 1e-300 would become 0.0 in the scaler.
+        (
+            edited("scale", 1e-300),
+            None,
+            "has the saved scale 1e-300; a loss scale is a positive normal float32",
+        ),
+        (edited("scale", 1e-40), None, "has the saved scale 1e-40;"),
+        # A state this version cannot read is named as such, not as "trained without scaling".
+        (
+            edited_state("version", 99),
+            None,
+            "has the scaler state version 99; this rllib-amp reads version 1",
+        ),
+        (edited_state("version", "1"), None, "has the scaler state version '1';"),
+        (edited_state("torch", "scale=512"), None, "has the saved GradScaler state 'scale=512', not a mapping"),
+        (edited_state("scaling", "yes"), None, "has the saved scaling flag 'yes';"),
     ],
 )
 def test_bad_warm_start_exits_2_with_one_line_and_starts_nothing(
