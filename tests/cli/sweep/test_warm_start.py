@@ -100,7 +100,11 @@ def test_warm_start_and_shared_scaler_pass_schema_and_preflight(tmp_path, capsys
             "has the scaler state version 99; this rllib-amp reads version 1",
         ),
         (edited_state("version", "1"), None, "has the scaler state version '1';"),
-        (edited_state("torch", "scale=512"), None, "has the saved GradScaler state 'scale=512', not a mapping"),
+        (
+            edited_state("torch", "scale=512"),
+            None,
+            "has the saved GradScaler state 'scale=512', not a mapping",
+        ),
         (edited_state("scaling", "yes"), None, "has the saved scaling flag 'yes';"),
     ],
 )
