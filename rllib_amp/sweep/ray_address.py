@@ -128,6 +128,11 @@ def _host_port(address: str) -> tuple[str | None, int | None]:
     return u.hostname, port
 
 
+# What ray/_private/node.py raises once a new node's raylet has not registered with the GCS
+# within its fixed 30 s.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
 def start_ray(address: str | None, where: str) -> str | None:
     """``ray.init``, its failures as UsageError; the session folder of the Ray joined (None
     through Ray Client).
@@ -145,7 +150,16 @@ def start_ray(address: str | None, where: str) -> str | None:
         if e.code == signal.SIGTERM:  # Ray's own SIGTERM handler, during ray.init
             raise Interrupted(signal.SIGTERM) from None
         raise
-    except (ConnectionError, RuntimeError, ValueError, OSError, TimeoutError) as e:
+    except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for a start timeout
+        with contextlib.suppress(Exception):
+            ray.shutdown()  # what of a half-started local Ray is this process's
+        if address is None and str(e).startswith(RAY_START_TIMEOUT):
+            raise UsageError(
+                "ray.init: the local Ray did not start within 30 s (its raylet never "
+                "registered: a loaded machine, or a raylet stopped while starting); run the "
+                "command again once the machine is quieter, or start Ray with "
+                "`ray start --head` and pass --address"
+            ) from None
         if address is None:
             raise UsageError(
                 f"ray.init: could not start a local Ray ({root_error(e)}); check free disk "
