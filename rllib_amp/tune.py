@@ -11,5 +11,5 @@ with interrupts_as_exit("python -m rllib_amp.tune"):
     from rllib_amp.sweep.main import main
 
 if __name__ == "__main__":
-    run_as_command()  # this process is the command: a dead Ray may end it (RayWatch)
+    run_as_command()  # this process is the command: a dead local Ray may end it (LocalRayWatchdog)
     exit_command(main())  # at once where a remote call was left running

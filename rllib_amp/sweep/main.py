@@ -8,10 +8,10 @@ folder. Storage is a local path, a shared mount or a URI (``s3://``, ``gs://``, 
 ``rllib_amp.sweep.storage``). Before any trial starts it checks what would otherwise fail late: on
 a multi-node cluster, that every node reaches the storage; on a local Ray, that a trial's
 resources fit the machine (``--fit-to-machine`` scales them down). Exit status: 0 success,
-1 a trial failed or did not finish, or Ray died under the sweep (one line, the ``--resume``
-command), 2 bad input (anything knowable before the first trial starts), 130 interrupted
-(Ctrl-C), 143 stopped by SIGTERM (``ray job stop``, a scheduler; after either, ``--resume``
-continues).
+1 a trial failed or did not finish, or the local Ray it started died under the sweep (one
+line, the ``--resume`` command), 2 bad input (anything knowable before the first trial
+starts), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (``ray job stop``, a scheduler;
+after either, ``--resume`` continues).
 
 Example:
     python -m rllib_amp.tune --set stop.training_iteration=2 --num-samples 1
@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -45,14 +44,7 @@ from rllib_amp.cli import (
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import storage as S
-from rllib_amp.sweep.ray_address import (
-    RayDied,
-    RayWatch,
-    end_local_ray,
-    probe_address,
-    ray_address,
-    start_ray,
-)
+from rllib_amp.sweep.ray_address import LocalRayWatchdog, probe_address, ray_address, start_ray
 from rllib_amp.sweep.resources import ResourceError
 
 PROG = "python -m rllib_amp.tune"
@@ -208,14 +200,6 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
 
     # A second signal must not cut the summary short either; the lock outlives both.
     with R.locks_released(), T.StopOnSignals() as stop:
-        # Only the command's own process may be ended when the sweep is stuck on a dead Ray;
-        # a library call (a notebook, a service, a worker thread) gets RayDied instead.
-        end_process = may_end_process()
-        watch = RayWatch(
-            on_death=stop.ray_died,
-            on_stuck=partial(_ray_died_stuck, stop, end_process),
-            end_process=end_process,
-        )
         try:
             if name is not None:  # a new run's name is locked as it is taken
                 R.lock(storage, name, "--resume" if args.resume else "--name")
@@ -223,16 +207,11 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
                 # Before Ray starts: a trial with no intact checkpoint left is exit 2 at once.
                 R.fall_back_to_intact_checkpoints(S.join(storage, name), args.restart_damaged)
                 stop.resume_command = R.resume_command(args, exp, name, storage)
-            with watch:
-                exp, name, grid, stopped = _tune(
-                    exp, args, storage, name, spec, address, where, notices, stop, watch
-                )
+            exp, name, grid, stopped = _tune(
+                exp, args, storage, name, spec, address, where, notices, stop
+            )
         except KeyboardInterrupt as e:  # a signal, or Ray's death, before Tune's loop
             return _stopped_before_trials(stop, e)
-        except RayDied:  # a library call: said, and raised to the caller
-            line = _ray_died_line(stop)
-            _say(line)
-            raise RayDied(line) from None
         except S.StorageFailed as e:  # said once, as the summary would: no grid to show
             _say(f"{e}; fix it, then continue with: {stop.resume_command}")
             return 1
@@ -263,23 +242,13 @@ def _ray_died_line(stop: Any) -> str:
     return f"Ray died under the sweep ({stop.ray_dead}); its trials stopped with it; {then}"
 
 
-def _ray_died_stuck(stop: Any, end_process: bool, what: str) -> None:
-    """The sweep's thread is stuck in a call to the dead Ray. The command's process
-    (``end_process``: ``RayWatch`` ends it with status 1 after this): the line, the locks
-    released, the local Ray's other processes ended (they outlive a driver that exits this
-    way). A library call: ``RayDied`` raised in the sweep's thread, which says the line."""
+def _ray_died_stuck(stop: Any, what: str) -> None:
+    """The command is stuck in a call to the dead Ray, and ``LocalRayWatchdog`` ends it with
+    status 1 after this: the line, and the locks released."""
     stop.ray_dead = stop.ray_dead or what
-    if not end_process:
-        stop.raise_ray_died()
-        return
     _say(_ray_died_line(stop))
     for location in list(R._held):
         R.unlock(location)
-    if stop.started_ray:
-        with contextlib.suppress(Exception):
-            end_local_ray()
-    sys.stdout.flush()
-    sys.stderr.flush()
 
 
 def _say(line: str) -> None:
@@ -329,13 +298,14 @@ def _tune(
     where: str,
     notices: Any,
     stop: Any,
-    watch: RayWatch,
 ) -> tuple[Any, str, Any, int]:
     """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
     result grid, the signal that stopped it or 0)``. A new run (``name`` None) takes its name
     once every check has passed, so a refused start leaves no folder. Everything that fails
-    before the first trial is exit 2. ``watch`` checks Ray from its start to its shutdown;
-    ``stop.resume_command`` is set once the run can be continued."""
+    before the first trial is exit 2. A local Ray it starts is watched from its start to its
+    shutdown, in the command's own process only (``LocalRayWatchdog``; on a cluster, Ray ends
+    a driver whose GCS is gone); ``stop.resume_command`` is set once the run can be
+    continued."""
     import ray
 
     from rllib_amp.sweep import grafana
@@ -349,11 +319,12 @@ def _tune(
     predicted = RS.local_capacity() if local and not ray.is_initialized() else None
     if predicted is not None:
         exp = _fit_resources(exp, args, predicted)
-    started = False
-    if not ray.is_initialized():
-        start_ray(address, where)
-        started = stop.started_ray = True
-    watch.start()
+    watchdog = LocalRayWatchdog(on_death=stop.ray_died, on_stuck=partial(_ray_died_stuck, stop))
+    started = not ray.is_initialized()
+    if started:
+        session_dir = start_ray(address, where)
+        if local and session_dir and may_end_process():  # never a caller's process
+            watchdog.start(session_dir)
     try:
         if local:
             actual = RS.capacity_of(ray.cluster_resources())
@@ -370,7 +341,7 @@ def _tune(
         try:
             tuner = _build_tuner(exp, args, storage, name, spec)
         except BaseException as e:
-            if isinstance(e, (KeyboardInterrupt, RayDied)) and not args.resume:
+            if isinstance(e, KeyboardInterrupt) and not args.resume:
                 _discard_unstarted(storage, name)  # Tune's tuner.pkl, experiment.yaml, the lock
             if new:
                 R.release(storage, name)  # only if empty: Tune wrote nothing there yet
@@ -384,15 +355,15 @@ def _tune(
             if not S.failed(e, S.join(storage, name)):
                 raise
             raise S.StorageFailed(S.join(storage, name), e) from None
-        except (KeyboardInterrupt, RayDied):  # before Tune's loop: no experiment state saved
+        except KeyboardInterrupt:  # before Tune's loop: no experiment state saved
             if not args.resume and _discard_unstarted(storage, name):
                 stop.resume_command = None
             raise
     finally:
-        watch.stop_checking()
+        watchdog.stop_checking()
         if started:
             ray.shutdown()
-        watch.release()
+        watchdog.release()
     return exp, name, grid, interrupted
 
 

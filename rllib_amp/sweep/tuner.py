@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import _thread
 import argparse
-import ctypes
 import logging
 import math
 import os
@@ -26,7 +25,6 @@ from rllib_amp.cli import Interrupted
 from rllib_amp.learner import metrics as M
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import storage as S
-from rllib_amp.sweep.ray_address import RayDied
 from rllib_amp.sweep.summary import amp_metric_key, config_path
 
 # Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
@@ -149,25 +147,22 @@ class StopOnSignals:
     raising there would cut the state file short in the middle of its upload. A first signal
     before Tune's loop starts (nothing to save yet) raises ``Interrupted`` (a
     KeyboardInterrupt that carries the signal). ``signum``: the signal that stopped the run, 0
-    none. ``ray_died``: the Ray the sweep runs on died (``RayWatch``): Tune is stopped the
-    same way, ``ray_dead`` says what died. ``resume_command``: the command that continues
-    the run, once there is something to continue. Outside the main thread it installs
-    nothing, and Ray's death raises ``RayDied`` in the thread that entered it."""
+    none. ``ray_died``: the local Ray the command runs on died (``LocalRayWatchdog``): Tune
+    is stopped the same way, ``ray_dead`` says what died. ``resume_command``: the command
+    that continues the run, once there is something to continue. Outside the main thread it
+    installs nothing."""
 
     def __init__(self) -> None:
         self.signum = 0
         self.fitted = False
         self.ray_dead: str | None = None
-        self.started_ray = False  # the Ray the sweep runs on is this process's own
         self.resume_command: str | None = None
         self._previous: dict[int, Any] = {}
         self._before_tune: Any = None
         self._disabled: str | None = None
-        self._thread_id = threading.get_ident()
 
     def __enter__(self) -> StopOnSignals:
         _active.append(self)
-        self._thread_id = threading.get_ident()
         if threading.current_thread() is not threading.main_thread():
             return self
         self._before_tune = signal.getsignal(signal.SIGUSR1)
@@ -200,24 +195,14 @@ class StopOnSignals:
                 signal.signal(s, self._stop)
 
     def ray_died(self, what: str) -> None:
-        """Called from the thread that watches Ray: stops Tune (or, before its loop, the
-        command) in the main thread, as Ctrl-C would, and records ``what`` died. Without
-        handlers (a library call off the main thread, where neither this nor Tune can catch
-        a signal) it raises ``RayDied`` in the sweep's thread instead: Tune's loop ends there
-        (its last periodic experiment state is what ``--resume`` continues)."""
-        self.ray_dead = what
-        if self._previous:
-            _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
-        else:
-            self.raise_ray_died()
+        """Called from the watchdog's thread: records ``what`` died and stops Tune (or, before
+        its loop, the command) in the main thread, as Ctrl-C would.
 
-    def raise_ray_died(self) -> None:
-        """Raises ``RayDied`` in the thread that entered this object, at its next Python
-        instruction (a thread blocked inside a C call gets it once the call returns). Called
-        from another thread; never ends the process."""
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(self._thread_id), ctypes.py_object(RayDied)
-        )
+        Args:
+            what: what of Ray died ("its raylet (pid 123) was killed by SIGKILL").
+        """
+        self.ray_dead = what
+        _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
 
     def _stop(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
@@ -189,6 +190,7 @@ def test_ray_init_keeps_the_sigterm_handler_and_its_exit_is_an_interrupt(monkeyp
 
     def like_ray(*args, **kwargs):
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        return SimpleNamespace(address_info={"session_dir": "/tmp/ray/session_x"})
 
     def signalled(*args, **kwargs):
         like_ray()
@@ -198,7 +200,7 @@ def test_ray_init_keeps_the_sigterm_handler_and_its_exit_is_an_interrupt(monkeyp
     before = signal.signal(signal.SIGTERM, ours)
     try:
         monkeypatch.setattr(ray, "init", like_ray)
-        start_ray(None, "")
+        assert start_ray(None, "") == "/tmp/ray/session_x"
         assert signal.getsignal(signal.SIGTERM) is ours
         monkeypatch.setattr(ray, "init", signalled)
         with pytest.raises(Interrupted) as stopped:

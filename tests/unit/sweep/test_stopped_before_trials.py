@@ -17,31 +17,22 @@ from rllib_amp.cli import Interrupted, UsageError
 from rllib_amp.sweep import main as sweep_main
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import tuner as T
-from rllib_amp.sweep.ray_address import RayDied
 
-
-class _Watch:
-    def start(self):
-        pass
-
-    def stop_checking(self):
-        pass
-
-    def release(self):
-        pass
+# What the watchdog's stop is in the main thread: SIGINT, with what died recorded.
+RAY_DIED = "its raylet (pid 1) was killed by SIGKILL"
 
 
 @pytest.fixture
 def building(monkeypatch):
     """``_tune`` on a Ray that is up (nothing started), interrupted by ``stop_with`` once the
-    Tuner's files are written; returns what ``_stopped_before_trials`` says."""
+    Tuner's files are written; returns the exit status ``_stopped_before_trials`` gives."""
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(sweep_main.S, "check_reachable_from_nodes", lambda storage: None)
     from rllib_amp.sweep import grafana
 
     monkeypatch.setattr(grafana, "install_dashboard", lambda: None)
 
-    def run(storage, name, stop_with, resume=False, resume_command=None):
+    def run(storage, name, stop_with, resume=False, resume_command=None, ray_dead=None):
         def build(exp, args, storage, name, spec):
             exp_dir = os.path.join(storage, name)
             os.makedirs(exp_dir, exist_ok=True)
@@ -54,29 +45,34 @@ def building(monkeypatch):
         args = argparse.Namespace(resume=resume, name=name)
         stop = T.StopOnSignals()
         stop.resume_command = resume_command
-        if isinstance(stop_with, RayDied):
-            stop.ray_dead = "its raylet (pid 1) was killed by SIGKILL"
+        stop.ray_dead = ray_dead
         with R.locks_released():
             if name is not None:
                 R.lock(storage, name, "--resume" if resume else "--name")
             with pytest.raises(type(stop_with)) as e:
                 sweep_main._tune(SimpleNamespace(name="tiny"), args, storage, name, {},
-                                 "127.0.0.1:1", "--address", None, stop, _Watch())  # fmt: skip
-        if isinstance(stop_with, KeyboardInterrupt):
-            return sweep_main._stopped_before_trials(stop, e.value)
-        return sweep_main._ray_died_line(stop)
+                                 "127.0.0.1:1", "--address", None, stop)  # fmt: skip
+        return sweep_main._stopped_before_trials(stop, e.value)
 
     return run
 
 
 @pytest.mark.parametrize("name", ["X", None])
-@pytest.mark.parametrize("stop_with", [Interrupted(signal.SIGTERM), KeyboardInterrupt(), RayDied()])
+@pytest.mark.parametrize(
+    ("stop_with", "ray_dead", "status"),
+    [
+        (Interrupted(signal.SIGTERM), None, 143),
+        (KeyboardInterrupt(), None, 130),
+        (Interrupted(signal.SIGINT), RAY_DIED, 1),  # the local Ray died
+    ],
+)
 def test_a_new_run_stopped_while_its_tuner_is_built_leaves_nothing(
-    tmp_path, capsys, building, name, stop_with
+    tmp_path, capsys, building, name, stop_with, ray_dead, status
 ):
-    said = building(str(tmp_path), name, stop_with)
-    line = said if isinstance(said, str) else capsys.readouterr().err
+    assert building(str(tmp_path), name, stop_with, ray_dead=ray_dead) == status
+    (line,) = capsys.readouterr().err.splitlines()
     assert "nothing was written; run the same command" in line, line
+    assert ("Ray died under the sweep" in line) == bool(ray_dead), line
     assert os.listdir(tmp_path) == []  # no tuner.pkl, no experiment.yaml, no lock
     R.refuse_taken(str(tmp_path), "X")  # the same --name command is accepted again
 
