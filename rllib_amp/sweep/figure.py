@@ -125,7 +125,10 @@ def build(
         ax.grid(alpha=0.3)
     seeds = max((len(g.trials) for g in groups), default=0)
     ax_metric.set_ylabel(f"mean over seeds (band: lowest to highest of up to {seeds})")
-    ax_metric.legend(fontsize=7, loc="best")
+    if ax_metric.get_legend_handles_labels()[0]:
+        ax_metric.legend(fontsize=7, loc="best")
+    else:  # every trial ended before its first result
+        ax_metric.text(0.5, 0.5, "no results to plot", ha="center", transform=ax_metric.transAxes)
     return fig
 
 

@@ -260,3 +260,16 @@ def test_the_figure_has_three_panels_and_decodes_as_a_png(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     image = matplotlib.image.imread(location)
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 300
+
+
+def test_a_figure_of_trials_without_results_says_so_and_warns_nothing():
+    """Trials that ended before their first result have no curve: matplotlib's "No artists
+    with labels found to put in legend" warning came after the sweep's last line."""
+    import warnings
+
+    exp, rows, found = _groups()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = figure.build(found, {}, metric=R, threshold=450.0)
+    assert fig.axes[0].get_legend() is None
+    assert [t.get_text() for t in fig.axes[0].texts] == ["no results to plot"]
