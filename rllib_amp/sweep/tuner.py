@@ -53,6 +53,9 @@ def progress_reporter(exp: Any) -> Any:
     }
     sample = exp.algorithm_config().to_dict()
     params = {"/".join(config_path(k, sample)): k.split(".")[-1] for k in exp.search}
+    # No searched key: the seed, as Tune's reporter prints the whole config (12,000 characters
+    # on one line) for an empty parameter set.
+    params = params or {"seed": "seed"}
     return CLIReporter(
         metric_columns=columns,
         parameter_columns=params,
