@@ -1,4 +1,5 @@
-"""Algorithm checkpoints that restore all or nothing; ``with_amp`` sets these classes.
+"""Algorithm checkpoints that restore all or nothing, and results that always carry the AMP
+metrics; ``with_amp`` sets these classes.
 
 RLlib's ``Algorithm.restore_from_path`` loads the learner group first, then the env runner,
 then the algorithm's own state, so a damaged file found on the way leaves the weights and
@@ -8,6 +9,10 @@ end in that method. ``AmpAlgorithmMixin`` wraps it: the whole checkpoint is read
 every state file RLlib's restore will read for this algorithm is there, with or without a
 manifest (``rllib_restore_files``). Every save writes a manifest of checksums after RLlib's own
 files, so bytes changed later are caught too.
+
+An iteration in which no update finished (APPO's learner thread waits for its first batch,
+also after a restore) has no learner results: its AMP metrics come from the scalers as they
+stand (``AmpLearnerMixin.amp_values_without_an_update``) instead of reading None.
 
 The algorithm registry (``rllib_amp.algorithms.amp_algorithm_class``) puts the mixin in
 front of each Algorithm class.
@@ -21,21 +26,26 @@ Example:
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import LEARNER_RESULTS
 
 from rllib_amp.checkpoint_files import rllib_restore_files, verify_checkpoint, write_manifest
 from rllib_amp.fs import resolve
+from rllib_amp.learner import metrics as M
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.
 _MixinBase: Any = Algorithm if TYPE_CHECKING else object
 
 
 class AmpAlgorithmMixin(_MixinBase):
-    """Verified restores and a checksum manifest per save, for any RLlib Algorithm class.
+    """Verified restores, a checksum manifest per save and the AMP metrics in every result, for
+    any RLlib Algorithm class.
 
     Use ``rllib_amp.algorithms.amp_algorithm_class(base)`` rather than subclassing by hand.
     """
@@ -70,3 +80,37 @@ class AmpAlgorithmMixin(_MixinBase):
         )
         verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, *args, **kwargs)
+
+    _amp_scalers_exist = True  # until the learners answer that they have none (AMP off)
+
+    @override(Algorithm)
+    def step(self) -> dict[str, Any]:
+        result: dict[str, Any] = super().step()
+        if self._amp_scalers_exist:
+            self._amp_scalers_exist = fill_amp_metrics(result, self.learner_group)
+        return result
+
+
+def fill_amp_metrics(result: dict[str, Any], learner_group: Any) -> bool:
+    """Gives each module's AMP metric that ``result`` lacks (or holds as None or NaN) the value
+    its learner's scaler has now; asks the learners only when one is missing. False when the
+    learners have no scalers (AMP off: nothing to fill, ever)."""
+    learners = result.setdefault(LEARNER_RESULTS, {})
+    entries = [v for k, v in learners.items() if k != "__all_modules__" and isinstance(v, dict)]
+    if entries and all(_known(entry.get(M.GRAD_SCALE)) for entry in entries):
+        return True
+    answers = learner_group.foreach_learner(
+        lambda learner: getattr(learner, "amp_values_without_an_update", dict)()
+    )
+    answered = [a.get() for a in answers if a.ok]
+    now: dict[str, dict[str, float]] = next((a for a in answered if a), {})  # DDP: all equal
+    for module_id, values in now.items():
+        entry = learners.setdefault(module_id, {})
+        for key, value in values.items():
+            if not _known(entry.get(key)):
+                entry[key] = value
+    return bool(now) or not answered  # no answer: ask again next time
+
+
+def _known(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not math.isnan(value)

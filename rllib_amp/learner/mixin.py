@@ -51,7 +51,7 @@ from rllib_amp.learner.fused_adam import fuse_adam, set_adam_fusing
 from rllib_amp.learner.malloc import tune_cpu_malloc
 from rllib_amp.learner.minibatch import gather_minibatches
 from rllib_amp.learner.precision import Precision, add_float32_islands, resolve, to_float32
-from rllib_amp.learner.report import report_update
+from rllib_amp.learner.report import report_update, values_without_an_update
 from rllib_amp.learner.value_pass import value_pass
 from rllib_amp.log_events import event
 from rllib_amp.scaling.scaler import PolicyScaler
@@ -95,6 +95,10 @@ class AmpLearnerMixin(_MixinBase):
     def amp_scalers(self) -> dict[str, PolicyScaler]:
         """ModuleID -> that policy's PolicyScaler (empty when AMP is off)."""
         return self._amp_scaler_set.scalers if self._amp_scaler_set is not None else {}
+
+    def amp_values_without_an_update(self) -> dict[str, dict[str, float]]:
+        """ModuleID -> its AMP metrics as they stand (``values_without_an_update``)."""
+        return values_without_an_update(self.amp_scalers)
 
     # -- setup -----------------------------------------------------------------------------
     @override(TorchLearner)

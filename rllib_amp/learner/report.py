@@ -95,12 +95,7 @@ def report_update(
     }
     for module_id, scaler in scalers.items():
         steps, skipped = scaler.pop_window()
-        values: dict[str, float] = {
-            M.GRAD_SCALE: scaler.get_scale(),
-            M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
-            M.OPTIMIZER_STEPS_LIFETIME: scaler.optimizer_steps_lifetime,
-            M.NONFINITE_LOSS_STEPS_LIFETIME: scaler.nonfinite_loss_steps_lifetime,
-        }
+        values = _lifetime_values(scaler)
         if steps:
             # Averaged over an iteration's updates (each the same number of steps).
             values[M.SKIP_FRACTION] = skipped / steps
@@ -111,6 +106,33 @@ def report_update(
         if warn:
             _warn_persistent_skips(module_id, scaler, skipped / steps)
         M.publish(values, trial=trial, module=module_id)
+
+
+def _lifetime_values(scaler: PolicyScaler) -> dict[str, float]:
+    return {
+        M.GRAD_SCALE: scaler.get_scale(),
+        M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
+        M.OPTIMIZER_STEPS_LIFETIME: scaler.optimizer_steps_lifetime,
+        M.NONFINITE_LOSS_STEPS_LIFETIME: scaler.nonfinite_loss_steps_lifetime,
+    }
+
+
+def values_without_an_update(scalers: Mapping[str, PolicyScaler]) -> dict[str, dict[str, float]]:
+    """Each module's AMP metrics for an iteration in which no update finished (an asynchronous
+    learner still waiting for its first batch, also after a restore): the scaler as it stands,
+    no step skipped. The window of steps is left to the next update's report.
+
+    Example:
+        >>> from rllib_amp.scaling.scaler import PolicyScaler
+        >>> from rllib_amp.settings import AmpSettings
+        >>> scalers = {"p0": PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)}
+        >>> values_without_an_update(scalers)["p0"]["amp_grad_scale"]
+        8.0
+    """
+    return {
+        module_id: {**_lifetime_values(scaler), M.SKIP_FRACTION: 0.0, M.SKIP_WARNING: 0.0}
+        for module_id, scaler in scalers.items()
+    }
 
 
 def skip_cause(*, nonfinite_loss_steps: float, scaling: bool) -> str:
