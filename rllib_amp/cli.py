@@ -128,27 +128,49 @@ def end_process_now(status: int) -> NoReturn:
     os._exit(status)
 
 
+# Signals that end a command as Ctrl-C does: SIGTERM (``ray job stop``, schedulers) and SIGHUP
+# (the terminal closed).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGHUP:
+        silence_closed_terminal()
     raise Interrupted(signum)
+
+
+def silence_closed_terminal() -> None:
+    """After SIGHUP: what the command still prints goes nowhere instead of failing on the
+    closed terminal (``OSError: [Errno 5] Input/output error`` in the middle of the summary).
+    Only standard streams on a character device are redirected: a hung-up terminal is no
+    longer ``isatty``, files and pipes are kept."""
+    import os
+    import stat
+
+    with open(os.devnull, "w") as devnull:
+        null = os.fstat(devnull.fileno()).st_rdev
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                info = os.fstat(fd)
+                if stat.S_ISCHR(info.st_mode) and info.st_rdev != null:
+                    os.dup2(devnull.fileno(), fd)
 
 
 @contextlib.contextmanager
 def signals_as_interrupts() -> Iterator[None]:
-    """Within it, SIGTERM raises ``Interrupted`` as Ctrl-C raises KeyboardInterrupt, so that
-    either ends the command through its ``finally`` blocks (locks released, one line) instead
-    of killing it on the spot. Only in the main thread, and only where SIGTERM had no handler
-    (a caller's own one is kept)."""
-    install = (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    )
-    if install:
-        signal.signal(signal.SIGTERM, _raise_interrupted)
+    """Within it, SIGTERM and SIGHUP raise ``Interrupted`` as Ctrl-C raises KeyboardInterrupt,
+    so that each ends the command through its ``finally`` blocks (locks released, one line)
+    instead of killing it on the spot. Only in the main thread, and only for a signal without
+    a handler (a caller's own one is kept)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    installed = [s for s in STOP_SIGNALS if main_thread and signal.getsignal(s) is signal.SIG_DFL]
+    for s in installed:
+        signal.signal(s, _raise_interrupted)
     try:
         yield
     finally:
-        if install:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s in installed:
+            signal.signal(s, signal.SIG_DFL)
 
 
 def interrupted_line(prog: str, e: BaseException) -> tuple[str, int]:

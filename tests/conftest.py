@@ -208,3 +208,14 @@ def live_pid():
     yield proc.pid
     proc.kill()
     proc.wait()
+
+
+@pytest.fixture
+def own_ray_env():
+    """The environment of a sweep that starts its own local Ray, with Ray's files in a
+    folder of the test's own (short: Ray's socket paths)."""
+    ray_tmp = tempfile.mkdtemp(prefix="rd", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = ray_tmp
+    yield env
+    shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -41,7 +41,7 @@ from rllib_amp.cli import (
     run_as_command,
     signal_exit_status,
 )
-from rllib_amp.sweep import loggers
+from rllib_amp.sweep import loggers, transcript
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.ray_address import LocalRayWatchdog, probe_address, ray_address, start_ray
@@ -215,7 +215,8 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
         except S.StorageFailed as e:  # said once, as the summary would: no grid to show
             _say(f"{e}; fix it, then continue with: {stop.resume_command}")
             return 1
-        return _report(exp, args, grid, storage, name, stopped, stop)
+        with transcript.also_into(S.join(storage, name, transcript.FILE)):
+            return _report(exp, args, grid, storage, name, stopped, stop)
 
 
 def _stopped_before_trials(stop: Any, e: KeyboardInterrupt) -> int:

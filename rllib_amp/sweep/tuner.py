@@ -21,7 +21,7 @@ import threading
 from functools import partial
 from typing import Any
 
-from rllib_amp.cli import Interrupted
+from rllib_amp.cli import STOP_SIGNALS, Interrupted, silence_closed_terminal
 from rllib_amp.learner import metrics as M
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import storage as S
@@ -144,8 +144,9 @@ def _fit(tuner: Any, stop: StopOnSignals) -> tuple[Any, int]:
 
 
 class StopOnSignals:
-    """SIGINT (Ctrl-C) and SIGTERM (``ray job stop``, schedulers) both stop Tune the way its
-    own Ctrl-C handling does: it saves the experiment state and returns. A further signal
+    """SIGINT (Ctrl-C), SIGTERM (``ray job stop``, schedulers) and SIGHUP (the terminal closed)
+    each stop Tune the way its own Ctrl-C handling does: it saves the experiment state and
+    returns. A further signal
     (while Tune saves, or while the summary is written) is reported and otherwise ignored:
     raising there would cut the state file short in the middle of its upload. A first signal
     before Tune's loop starts (nothing to save yet) raises ``Interrupted`` (a
@@ -169,7 +170,7 @@ class StopOnSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
         self._before_tune = signal.getsignal(signal.SIGUSR1)
-        self._previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOP_SIGNALS)}
         self.install()
         self._disabled = os.environ.get(_TUNE_SIGINT_ENV)
         os.environ[_TUNE_SIGINT_ENV] = "1"
@@ -191,8 +192,8 @@ class StopOnSignals:
         self._previous = {}
 
     def install(self) -> None:
-        """Puts this object's handler on SIGINT and SIGTERM (leaving gives back the ones found
-        at entry)."""
+        """Puts this object's handler on SIGINT, SIGTERM and SIGHUP (leaving gives back the ones
+        found at entry)."""
         if self._previous:
             for s in self._previous:
                 signal.signal(s, self._stop)
@@ -208,6 +209,8 @@ class StopOnSignals:
         _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
 
     def _stop(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            silence_closed_terminal()
         name = signal.Signals(signum).name
         if self.signum or self.fitted:
             if not self.ray_dead:

@@ -9,11 +9,9 @@ import glob
 import importlib
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pyarrow.parquet as pq
@@ -61,17 +59,6 @@ def _resume_line(stderr: str) -> str:
     line = ours[0]
     assert "Ray died under the sweep" in line and line.endswith("--resume"), line
     return line
-
-
-@pytest.fixture
-def own_ray_env():
-    """The environment of a sweep that starts its own local Ray, with Ray's files in a
-    folder of the test's own (short: Ray's socket paths)."""
-    ray_tmp = tempfile.mkdtemp(prefix="rd", dir="/tmp")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["RAY_TMPDIR"] = ray_tmp
-    yield env
-    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _kill_ray_process(kind, tmp_path, tiny_file, trial_results, env, name):

@@ -6,6 +6,7 @@ the command's modules load, and between Ray's start and Tune's loop (one line, 1
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shlex
@@ -209,3 +210,70 @@ def test_ray_init_keeps_the_sigterm_handler_and_its_exit_is_an_interrupt(monkeyp
         assert signal.getsignal(signal.SIGTERM) is ours
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+# -- the terminal closing --------------------------------------------------------------------
+def _run_in_a_terminal(cmd, env):
+    """Starts ``cmd`` in a new session whose controlling terminal is a new pty, as a shell in
+    a terminal window runs it; returns its pid and the terminal's master end."""
+    import pty
+
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a session leader on the pty
+        try:
+            os.execve(cmd[0], cmd, env)
+        finally:
+            os._exit(127)
+    return pid, master
+
+
+def _drain(master, seconds):
+    """Reads the terminal for ``seconds`` (a full pty buffer would block the command)."""
+    import select
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                os.read(master, 65536)
+            except OSError:
+                return
+
+
+def test_the_terminal_closing_stops_the_sweep_as_sigterm_and_leaves_the_summary_in_a_file(
+    tmp_path, tiny_file, trial_results, own_ray_env
+):
+    """The terminal window closes: the kernel sends SIGHUP to the command's process group and
+    nothing it prints reaches anyone. The sweep stops as with SIGTERM (Tune saves its state),
+    and the summary with the --resume command is in the experiment folder."""
+    name = "hangup"
+    config = tiny_file(tmp_path, iterations=30, scales=[1024.0])
+    cmd = [sys.executable, "-m", "rllib_amp.tune", "--config", config,
+           "--storage-path", str(tmp_path), "--name", name]  # fmt: skip
+    pid, master = _run_in_a_terminal(cmd, own_ray_env)
+    try:
+        pattern = str(tmp_path / name / "*" / "result.json")
+        deadline = time.time() + 240
+        while time.time() < deadline and not any(trial_results(f) for f in glob.glob(pattern)):
+            _drain(master, 0.2)
+        assert glob.glob(pattern), "no trial reported before the terminal closed"
+        os.close(master)  # the terminal window closes
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the command did not end after its terminal closed")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # what of its Ray is left
+    summary_file = tmp_path / name / "summary.txt"
+    summary = summary_file.read_text() if summary_file.exists() else "(no summary.txt)"
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP, summary[-3000:]
+    assert "stopped by SIGHUP" in summary or "did not finish" in summary, summary
+    resume = [line for line in summary.splitlines() if line.rstrip().endswith("--resume")]
+    assert resume and f"--name {name}" in resume[-1], summary
+    assert glob.glob(str(tmp_path / name / "experiment_state-*.json"))
