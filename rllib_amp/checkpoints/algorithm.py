@@ -37,7 +37,6 @@ from ray.rllib.utils.metrics import LEARNER_RESULTS
 
 from rllib_amp.checkpoint_files import rllib_restore_files, verify_checkpoint, write_manifest
 from rllib_amp.fs import resolve
-from rllib_amp.learner import metrics as M
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.
 _MixinBase: Any = Algorithm if TYPE_CHECKING else object
@@ -81,35 +80,43 @@ class AmpAlgorithmMixin(_MixinBase):
         verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, *args, **kwargs)
 
-    _amp_scalers_exist = True  # until the learners answer that they have none (AMP off)
+    # The AMP metric keys the learners report; None until asked, () when AMP is off.
+    _amp_metric_keys: tuple[str, ...] | None = None
 
     @override(Algorithm)
     def step(self) -> dict[str, Any]:
         result: dict[str, Any] = super().step()
-        if self._amp_scalers_exist:
-            self._amp_scalers_exist = fill_amp_metrics(result, self.learner_group)
+        if self._amp_metric_keys != ():
+            self._amp_metric_keys = fill_amp_metrics(
+                result, self.learner_group, self._amp_metric_keys
+            )
         return result
 
 
-def fill_amp_metrics(result: dict[str, Any], learner_group: Any) -> bool:
+def fill_amp_metrics(
+    result: dict[str, Any], learner_group: Any, keys: tuple[str, ...] | None
+) -> tuple[str, ...] | None:
     """Gives each module's AMP metric that ``result`` lacks (or holds as None or NaN) the value
-    its learner's scaler has now; asks the learners only when one is missing. False when the
-    learners have no scalers (AMP off: nothing to fill, ever)."""
+    its learner's scaler has now. ``keys``: the AMP metric keys, None before the learners were
+    first asked; they are asked only then and when one of those keys is missing. Returns the
+    keys (() when the learners have no scalers: nothing to fill, ever)."""
     learners = result.setdefault(LEARNER_RESULTS, {})
     entries = [v for k, v in learners.items() if k != "__all_modules__" and isinstance(v, dict)]
-    if entries and all(_known(entry.get(M.GRAD_SCALE)) for entry in entries):
-        return True
+    if keys and entries and all(_known(entry.get(key)) for entry in entries for key in keys):
+        return keys
     answers = learner_group.foreach_learner(
         lambda learner: getattr(learner, "amp_values_without_an_update", dict)()
     )
     answered = [a.get() for a in answers if a.ok]
+    if not answered:
+        return keys  # ask again next time
     now: dict[str, dict[str, float]] = next((a for a in answered if a), {})  # DDP: all equal
     for module_id, values in now.items():
         entry = learners.setdefault(module_id, {})
         for key, value in values.items():
             if not _known(entry.get(key)):
                 entry[key] = value
-    return bool(now) or not answered  # no answer: ask again next time
+    return tuple(next(iter(now.values()), {}))
 
 
 def _known(value: object) -> bool:
