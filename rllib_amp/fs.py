@@ -104,14 +104,26 @@ def join(location: str, *parts: str) -> str:
     return urllib.parse.urlunparse(u._replace(path=posixpath.join(u.path or "/", *parts)))
 
 
+_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
 def local_path(location: str) -> str:
-    """A local path with ``~`` expanded, made absolute (Tune trials run in their own folder).
+    """A local path made absolute (Tune trials run in their own folder), with ``~`` and
+    environment variables (``$HOME``, ``${RUNS}``) expanded: the one rule for every path flag
+    and key, quoted or not. A variable that is not set raises ValueError naming it.
 
     Example:
         >>> local_path("/tmp/../tmp/x")
         '/tmp/x'
     """
-    return os.path.abspath(os.path.expanduser(location))
+    expanded = os.path.expandvars(os.path.expanduser(location))
+    unset = _VARIABLE.search(expanded)
+    if unset is not None:
+        raise ValueError(
+            f"{location!r} names ${unset.group(1).strip('{}')}, which is not set; set it, or "
+            f"write the path out"
+        )
+    return os.path.abspath(expanded)
 
 
 def existing_location(location: str) -> str:

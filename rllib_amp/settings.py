@@ -131,6 +131,8 @@ def _checkpoint_path(value: object) -> str:
             f"(e.g. .../checkpoint_000009) or a learner folder of a float16 rllib-amp run, or "
             f"drop warm_start to start from init_scale"
         ) from None
+    except ValueError as e:  # a variable that is not set
+        raise ValueError(f"warm_start.from: {e}") from None
 
 
 def _module_pairs(value: object) -> tuple[tuple[str, str], ...] | None:

@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rllib_amp import fs as files
 from rllib_amp.cli import (
     Parser,
     UsageError,
@@ -140,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 def find_config(path: str | None) -> str:
     """The experiment file: as given, or the default next to the package or in the cwd."""
     if path is not None:
-        return path
+        try:
+            return files.local_path(path)
+        except ValueError as e:
+            raise UsageError(f"--config: {e}") from None
     for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
         candidate = base / DEFAULT_CONFIG
         if candidate.is_file():

@@ -93,7 +93,10 @@ def _normalise(location: str, where: str) -> str:
     if is_uri(location):
         _open(location, where)  # an unknown scheme is an error now, not mid-run (offline)
         return location
-    return files.local_path(location)
+    try:
+        return files.local_path(location)
+    except ValueError as e:
+        raise StorageError(f"{where}: {e}") from None
 
 
 def filesystem(location: str, *, where: str = "--storage-path") -> tuple[Any, str]:

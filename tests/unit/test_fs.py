@@ -32,12 +32,25 @@ def test_one_rule_for_uris_everywhere(location, uri):
         assert fs.resolve(location)[0].type_name == "local"
 
 
-def test_home_is_expanded_for_local_paths_everywhere(tmp_path, monkeypatch):
+@pytest.mark.parametrize("home", ["~", "$HOME", "${HOME}"])
+def test_home_and_variables_are_expanded_for_local_paths_everywhere(tmp_path, monkeypatch, home):
+    """One rule for every path flag and key: ``~`` and ``$VAR`` / ``${VAR}`` expanded (a quoted
+    ``'$HOME/runs'`` made a folder literally named ``$HOME``)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "ckpt").mkdir()
-    assert fs.resolve("~/ckpt")[1] == str(tmp_path / "ckpt")
-    assert WarmStart.parse({"from": "~/ckpt"}).path == str(tmp_path / "ckpt")
-    assert storage.resolve("~/runs", None, {}) == str(tmp_path / "runs")
+    assert fs.resolve(f"{home}/ckpt")[1] == str(tmp_path / "ckpt")
+    assert WarmStart.parse({"from": f"{home}/ckpt"}).path == str(tmp_path / "ckpt")
+    assert storage.resolve(f"{home}/runs", None, {}) == str(tmp_path / "runs")
+    assert fs.local_path(f"{home}/x.yaml") == str(tmp_path / "x.yaml")
+
+
+def test_a_path_naming_an_unset_variable_is_refused_naming_it(monkeypatch):
+    monkeypatch.delenv("RLLIB_AMP_NOT_SET", raising=False)
+    with pytest.raises(ValueError, match=r"\$RLLIB_AMP_NOT_SET, which is not set"):
+        fs.local_path("$RLLIB_AMP_NOT_SET/runs")
+    with pytest.raises(storage.StorageError, match=r"^--storage-path: .*RLLIB_AMP_NOT_SET"):
+        storage.resolve("${RLLIB_AMP_NOT_SET}/runs", None, {})
+    assert fs.local_path("/a/b$") == "/a/b$"  # a dollar that names nothing is kept
 
 
 def test_checkpoint_folders_are_newest_first_and_never_moved_aside_ones(tmp_path):

@@ -397,3 +397,25 @@ def test_no_address_starts_its_own_ray_despite_a_stale_cluster_record(tmp_path, 
     assert time.monotonic() - start < 240
     stored = yaml.safe_load((tmp_path / "fresh" / R.EXPERIMENT_FILE).read_text())
     assert stored["amp"]["dtype"] == "float16" and "storage_path" not in stored
+
+
+# -- paths ----------------------------------------------------------------------------------
+@pytest.mark.usefixtures("no_ray")
+@pytest.mark.parametrize("home", ["~", "$HOME"])
+def test_every_path_flag_expands_home_and_variables(tmp_path, capsys, monkeypatch, tiny_file, home):
+    """As a shell would have, had the path not been quoted: ``--config '~/x.yaml'`` was not
+    expanded, and ``--storage-path '$HOME/runs'`` made a folder named ``$HOME``."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    tiny_file(tmp_path)
+    argv = ["--config", f"{home}/tiny.yaml", "--storage-path", f"{home}/runs", "--name", "x",
+            "--dry-run"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"# experiment {tmp_path / 'tiny.yaml'} -> {tmp_path / 'runs' / 'x'}", first
+
+
+@pytest.mark.usefixtures("no_ray")
+def test_a_path_flag_naming_an_unset_variable_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RLLIB_AMP_NOT_SET", raising=False)
+    err = refused(capsys, ["--config", "$RLLIB_AMP_NOT_SET/tiny.yaml"])
+    assert err.startswith(f"{PROG}--config: ") and "$RLLIB_AMP_NOT_SET, which is not set" in err
