@@ -235,20 +235,40 @@ def main_wrapper(
 
 def root_error(e: object) -> str:
     """The line that says what went wrong, without colour codes: the innermost cause's
-    ``Type: message`` (a trial's RayTaskError wraps the exception raised in the trial)."""
-    seen = set()
+    ``Type: message`` (a trial's RayTaskError wraps the exception raised in the trial). A
+    cause without a message (RLlib's ``raise RuntimeError from e``, whose ``e`` Ray's pickling
+    dropped) gives way to the last ``Type: message`` line of a traceback rendered into an
+    outer exception's text (Ray's).
+
+    Example:
+        >>> root_error(RuntimeError("Traceback ...\\nOSError: disk gone\\n\\nRuntimeError"))
+        'OSError: disk gone'
+    """
+    chain, seen = [e], set()
     while id(e) not in seen:
         seen.add(id(e))
         inner = getattr(e, "cause", None) or getattr(e, "__cause__", None)
         if not isinstance(inner, BaseException):
             break
         e = inner
-    text = _ANSI.sub("", str(e)).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+        chain.append(e)
     if not isinstance(e, BaseException):
+        lines = _lines(e)
         return lines[0] if lines else "-"
-    # A traceback rendered into the message (Ray's) ends with the raising line.
-    typed = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", line)]
-    if typed:
-        return typed[-1]
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    for link in reversed(chain):  # innermost first
+        # A traceback rendered into the message (Ray's) ends with the raising line.
+        typed = [line for line in _lines(link) if _TYPED.match(line)]
+        if typed:
+            return typed[-1]
+        lines = _lines(link)
+        if link is e and lines:
+            return f"{type(e).__name__}: {lines[0]}"
+    return type(e).__name__
+
+
+# ``Type: message``, the line a traceback ends with.
+_TYPED = re.compile(r"^[\w.]+(Error|Exception|Interrupt)(\(\w+\))?: \S")
+
+
+def _lines(e: object) -> list[str]:
+    return [line.strip() for line in _ANSI.sub("", str(e)).splitlines() if line.strip()]

@@ -42,9 +42,29 @@ def _register_ale() -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Raises ValueError naming the nearest registered id when ``env_id`` is unknown."""
+    """Raises ValueError naming the nearest registered id when ``env_id`` is unknown. As
+    ``gym.make`` does, ``module:Name-v0`` imports ``module`` first (a user's own env, which
+    registers itself there; every node's env runners import it too, so it must be installed
+    or on their ``PYTHONPATH``)."""
     if is_atari(env_id):
         _register_ale()
+    module, _, name = env_id.rpartition(":")
+    if module:
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - any import failure is the user's module
+            raise ValueError(
+                f"env: {env_id!r}: its module {module!r} cannot be imported "
+                f"({type(e).__name__}: {e}); install it or put its folder on PYTHONPATH"
+            ) from None
+        if name in gym.registry:
+            return
+        raise ValueError(
+            f"env: {env_id!r}: importing {module!r} registered no {name!r}"
+            f"{suggest(name, gym.registry)}; call gymnasium.register({name!r}, ...) there"
+        )
     if env_id in gym.registry:
         return
     hint = suggest(env_id, gym.registry)

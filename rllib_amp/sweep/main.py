@@ -469,7 +469,8 @@ def _report(
             + R.resume_command(args, exp, name, storage)
         )
     for r in failed:
-        print(f"trial {r['trial_id']} failed: {r['error']}")
+        where = f" (traceback: {r['error_file']})" if r.get("error_file") else ""
+        print(f"trial {r['trial_id']} failed: {r['error']}{where}")
     if interrupted:
         return signal_exit_status(interrupted)
     return 1 if failed or unfinished else 0

@@ -204,7 +204,8 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
     for result in grid:
         cfg = result.config or {}
         final = result.metrics or {}
-        row: dict[str, Any] = {"trial_id": final.get("trial_id") or _trial_id(result.path)}
+        # A trial that never reported has Tune's placeholder metrics (trial_id "default").
+        row: dict[str, Any] = {"trial_id": _trial_id(result.path) or final.get("trial_id")}
         for key in exp.search:
             row[key] = _dig(cfg, config_path(key, cfg))
         seed = cfg.get("seed")
@@ -229,6 +230,7 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
                 "env_steps_per_s": (steps / total) if steps and total else None,
                 "checkpoint": _checkpoint_location(result.checkpoint, storage),
                 "error": root_error(result.error) if result.error else None,
+                "error_file": _error_file(result, storage) if result.error else None,
             }
         )
         row.update(skip_warnings(frame, final, cfg))
@@ -324,6 +326,14 @@ def _trial_id(trial_dir: str | None) -> str | None:
     names the folder ``{trainable}_{trial id}_{index}_{params}_{time}``, ids ``abcde_00000``."""
     found = _TRIAL_ID.search(os.path.basename(trial_dir or ""))
     return found.group(1) if found else None
+
+
+def _error_file(result: Any, storage: str | None) -> str | None:
+    """Where Tune wrote the trial's tracebacks (``error.txt`` in its folder)."""
+    if not result.path:
+        return None
+    path = f"{result.path.rstrip('/')}/error.txt"
+    return S.to_uri(storage, path) if storage else path
 
 
 def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:

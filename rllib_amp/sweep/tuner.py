@@ -21,7 +21,7 @@ import threading
 from functools import partial
 from typing import Any
 
-from rllib_amp.cli import STOP_SIGNALS, Interrupted, silence_closed_terminal
+from rllib_amp.cli import STOP_SIGNALS, Interrupted, root_error, silence_closed_terminal
 from rllib_amp.learner import metrics as M
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import storage as S
@@ -164,6 +164,7 @@ class StopOnSignals:
         self._previous: dict[int, Any] = {}
         self._before_tune: Any = None
         self._disabled: str | None = None
+        self._failures = OneLinePerTrialFailure()
 
     def __enter__(self) -> StopOnSignals:
         _active.append(self)
@@ -175,6 +176,7 @@ class StopOnSignals:
         self._disabled = os.environ.get(_TUNE_SIGINT_ENV)
         os.environ[_TUNE_SIGINT_ENV] = "1"
         logging.getLogger("ray.tune.tune").addFilter(_drop_tune_stop_advice)
+        logging.getLogger(TUNE_CONTROLLER_LOGGER).addFilter(self._failures)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -182,6 +184,7 @@ class StopOnSignals:
         if not self._previous:
             return
         logging.getLogger("ray.tune.tune").removeFilter(_drop_tune_stop_advice)
+        logging.getLogger(TUNE_CONTROLLER_LOGGER).removeFilter(self._failures)
         if self._disabled is None:
             os.environ.pop(_TUNE_SIGINT_ENV, None)
         else:
@@ -238,6 +241,50 @@ def _say(line: str) -> None:
 _active: list[StopOnSignals] = []
 # Tune's own SIGINT handler would leave SIGTERM out and let a second Ctrl-C interrupt the save.
 _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
+
+
+class OneLinePerTrialFailure(logging.Filter):
+    """Tune logs each failed attempt of a trial with its whole traceback (77 lines for an env
+    that raised, again for each retry). This keeps Tune's record as one line naming the
+    trial and the exception's own line, once per trial and cause; the traceback stays in the
+    trial's ``error.txt``, which the summary names.
+
+    Example:
+        >>> f, failed = OneLinePerTrialFailure(), (OSError, OSError("disk gone"), None)
+        >>> def record():
+        ...     msg = "Trial task failed for trial T_1"
+        ...     return logging.LogRecord("ray.tune", logging.ERROR, "", 0, msg, None, failed)
+        >>> r = record()
+        >>> f.filter(r), r.getMessage(), r.exc_info
+        (True, 'Trial task failed for trial T_1: OSError: disk gone', None)
+        >>> f.filter(record())  # the same fault again (a retry): said already
+        False
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(_TRIAL_FAILED) or not record.exc_info:
+            return True
+        cause = root_error(record.exc_info[1])
+        if (message, cause) in self._said:
+            return False
+        self._said.add((message, cause))
+        record.msg, record.args, record.exc_info, record.exc_text = (
+            f"{message}: {cause}",
+            (),
+            None,
+            None,
+        )
+        return True
+
+
+_TRIAL_FAILED = "Trial task failed for trial "  # ray/tune/execution/tune_controller.py
+# Tune's controller logger: where the filter goes.
+TUNE_CONTROLLER_LOGGER = "ray.tune.execution.tune_controller"
 
 
 def _drop_tune_stop_advice(record: logging.LogRecord) -> bool:
