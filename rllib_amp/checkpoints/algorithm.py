@@ -9,6 +9,12 @@ every state file RLlib's restore will read for this algorithm is there, with or 
 manifest (``rllib_restore_files``). Every save writes a manifest of checksums after RLlib's own
 files, so bytes changed later are caught too.
 
+A Tune trial restores through ``Trainable.restore``, which gets the checkpoint's filesystem
+and path. When that checkpoint is damaged, the mixin restores the newest intact older
+``checkpoint_*`` folder of the same trial instead
+(``rllib_amp.checkpoints.fallback.intact_checkpoint_before``), on a resume and on Tune's own
+retries alike; Tune's records are left as they are.
+
 The algorithm registry (``rllib_amp.algorithms.amp_algorithm_class``) puts the mixin in
 front of each Algorithm class.
 
@@ -21,14 +27,25 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
+from ray.tune import Checkpoint, Trainable
 
-from rllib_amp.checkpoint_files import rllib_restore_files, verify_checkpoint, write_manifest
-from rllib_amp.fs import resolve
+from rllib_amp.checkpoint_files import (
+    CheckpointError,
+    rllib_restore_files,
+    verify_checkpoint,
+    write_manifest,
+)
+from rllib_amp.checkpoints.fallback import DAMAGED_SUFFIX, intact_checkpoint_before
+from rllib_amp.fs import display_path, is_dir, resolve
+from rllib_amp.log_events import event
+
+logger = logging.getLogger(__name__)
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.
 _MixinBase: Any = Algorithm if TYPE_CHECKING else object
@@ -70,3 +87,41 @@ class AmpAlgorithmMixin(_MixinBase):
         )
         verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, *args, **kwargs)
+
+    @override(Trainable)
+    def restore(self, checkpoint_path: Any) -> None:
+        # Tune passes its record of the checkpoint (a _TrainingResult); RLlib a path.
+        checkpoint = getattr(checkpoint_path, "checkpoint", checkpoint_path)
+        if isinstance(checkpoint, Checkpoint):
+            fs, path = checkpoint.filesystem, checkpoint.path
+        else:
+            fs, path = resolve(checkpoint)
+        error = None
+        # A copy kept aside by `--resume` (fallback.resume_from_intact_checkpoints) marks a
+        # checkpoint found damaged: it is not read again.
+        if not is_dir(fs, path + DAMAGED_SUFFIX):
+            try:
+                return super().restore(checkpoint_path)  # type: ignore[no-any-return]
+            except CheckpointError as e:  # raised before anything was loaded
+                error = e
+        intact = intact_checkpoint_before(fs, path)
+        if intact is None and error is not None:
+            raise error
+        shown = display_path(fs, path)
+        fields = event("checkpoint_restore_fallback", damaged=shown, intact=intact)
+        if intact is None:
+            # Kept aside with no intact one left: `--resume --restart-damaged` asked for this.
+            logger.warning(
+                "rllib_amp: %s is damaged and no older checkpoint is intact: the trial runs "
+                "again from its first iteration",
+                shown,
+                extra=fields,
+            )
+            return None
+        logger.warning(
+            "rllib_amp: restoring %s instead of the damaged %s",
+            display_path(fs, intact),
+            shown,
+            extra=fields,
+        )
+        return super().restore(Checkpoint(path=intact, filesystem=fs))  # type: ignore[no-any-return]

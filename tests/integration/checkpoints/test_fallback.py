@@ -1,0 +1,106 @@
+"""A trial restores its newest intact checkpoint when Tune's record names a damaged one.
+
+Tune's experiment state is never rewritten: the trial's own restore (AmpAlgorithmMixin.restore)
+walks back to the newest intact ``checkpoint_*`` folder of the trial.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME
+from tests.integration.common import amp_config
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _iterations(trial):
+    with open(trial / "result.json") as f:
+        return [json.loads(line)["training_iteration"] for line in f if line.strip()]
+
+
+def test_a_trial_restores_past_a_damaged_checkpoint_tune_still_records(tmp_path):
+    from ray import tune
+
+    fail_at = tmp_path / "fail_at"  # the iteration whose result raises, while the file is there
+    fail_at.write_text("3")
+
+    seen = tmp_path / "iterations"  # every iteration the trial ran, failed ones too
+
+    def fail(algorithm, result, **kwargs):
+        with open(seen, "a") as f:
+            f.write(f"{result['training_iteration']}\n")
+        if fail_at.exists() and result["training_iteration"] == int(fail_at.read_text()):
+            raise RuntimeError("injected failure")
+
+    cfg = amp_config("PPO", dtype="float16").callbacks(on_train_result=fail)
+
+    def fit(restore):
+        if restore:
+            tuner = tune.Tuner.restore(
+                str(tmp_path / "sweep"), trainable=cfg.algo_class, resume_errored=True
+            )
+        else:
+            tuner = tune.Tuner(
+                cfg.algo_class,
+                param_space=cfg,
+                run_config=tune.RunConfig(
+                    name="sweep",
+                    storage_path=str(tmp_path),
+                    stop={"training_iteration": 4},
+                    checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=2),
+                    failure_config=tune.FailureConfig(max_failures=0),
+                    verbose=0,
+                ),
+            )
+        return tuner.fit()[0]
+
+    assert fit(restore=False).error is not None
+    (trial,) = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
+    assert sorted(p.name for p in trial.glob("checkpoint_*")) == [
+        "checkpoint_000000",
+        "checkpoint_000001",
+    ]
+    assert (trial / "checkpoint_000001" / MANIFEST_FILE_NAME).exists()
+    damaged = trial / "checkpoint_000001" / "env_runner" / "state.pkl"
+    damaged.write_bytes(damaged.read_bytes()[:3])
+
+    # First resume: it fails again at iteration 2, before its next checkpoint, so Tune's
+    # record still names the damaged checkpoint_000001 for the second resume.
+    fail_at.write_text("2")
+    assert fit(restore=True).error is not None
+    # Restored from checkpoint_000000 (iteration 1), not from the damaged one (iteration 2).
+    assert seen.read_text().split() == ["1", "2", "3", "2"]
+
+    fail_at.unlink()
+    errors = _Errors()
+    tune_logger = logging.getLogger("ray.tune")
+    tune_logger.addHandler(errors)
+    try:
+        result = fit(restore=True)
+    finally:
+        tune_logger.removeHandler(errors)
+    assert result.error is None and result.metrics["training_iteration"] == 4
+    assert seen.read_text().split() == ["1", "2", "3", "2", "2", "3", "4"]
+    assert _iterations(trial) == [1, 2, 2, 3, 4]
+    # Tune's own bookkeeping went on: it deleted the checkpoints past num_to_keep, the
+    # damaged one among them, without an error.
+    assert sorted(p.name for p in trial.glob("checkpoint_*")) == [
+        "checkpoint_000003",
+        "checkpoint_000004",
+    ]
+    assert errors.messages == []
+    assert os.path.exists(trial / "checkpoint_000004" / MANIFEST_FILE_NAME)
