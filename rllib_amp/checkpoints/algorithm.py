@@ -124,4 +124,11 @@ class AmpAlgorithmMixin(_MixinBase):
             shown,
             extra=fields,
         )
-        return super().restore(Checkpoint(path=intact, filesystem=fs))  # type: ignore[no-any-return]
+        replacement = Checkpoint(path=intact, filesystem=fs)
+        metrics = getattr(checkpoint_path, "metrics", None)
+        if metrics is not None:
+            # Tune's record, pointed at the intact checkpoint: its time_total_s goes on (the
+            # seconds of the iterations lost with the damaged checkpoint included) instead of
+            # restarting at 0; the iteration count comes from the checkpoint's own state.
+            replacement = type(checkpoint_path)(checkpoint=replacement, metrics=dict(metrics))
+        return super().restore(replacement)  # type: ignore[no-any-return]

@@ -27,9 +27,13 @@ class _Errors(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _iterations(trial):
+def _rows(trial):
     with open(trial / "result.json") as f:
-        return [json.loads(line)["training_iteration"] for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _iterations(trial):
+    return [r["training_iteration"] for r in _rows(trial)]
 
 
 def test_a_trial_restores_past_a_damaged_checkpoint_tune_still_records(tmp_path):
@@ -96,6 +100,9 @@ def test_a_trial_restores_past_a_damaged_checkpoint_tune_still_records(tmp_path)
     assert result.error is None and result.metrics["training_iteration"] == 4
     assert seen.read_text().split() == ["1", "2", "3", "2", "2", "3", "4"]
     assert _iterations(trial) == [1, 2, 2, 3, 4]
+    # Tune's clock went on from its record (the damaged checkpoint's): not back to 0.
+    seconds = [r["time_total_s"] for r in _rows(trial)]
+    assert seconds == sorted(seconds)
     # Tune's own bookkeeping went on: it deleted the checkpoints past num_to_keep, the
     # damaged one among them, without an error.
     assert sorted(p.name for p in trial.glob("checkpoint_*")) == [
