@@ -41,8 +41,8 @@ from rllib_amp.checkpoint_files import (
     verify_checkpoint,
     write_manifest,
 )
-from rllib_amp.checkpoints.fallback import DAMAGED_SUFFIX, intact_checkpoint_before
-from rllib_amp.fs import display_path, is_dir, resolve
+from rllib_amp.checkpoints.fallback import intact_checkpoint_before, is_kept_aside
+from rllib_amp.fs import display_path, resolve
 from rllib_amp.log_events import event
 
 logger = logging.getLogger(__name__)
@@ -97,9 +97,9 @@ class AmpAlgorithmMixin(_MixinBase):
         else:
             fs, path = resolve(checkpoint)
         error = None
-        # A copy kept aside by `--resume` (fallback.resume_from_intact_checkpoints) marks a
-        # checkpoint found damaged: it is not read again.
-        if not is_dir(fs, path + DAMAGED_SUFFIX):
+        # One `--resume` found damaged (fallback.resume_from_intact_checkpoints) is not read
+        # again.
+        if not is_kept_aside(fs, path):
             try:
                 return super().restore(checkpoint_path)  # type: ignore[no-any-return]
             except CheckpointError as e:  # raised before anything was loaded

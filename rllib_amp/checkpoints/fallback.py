@@ -43,6 +43,7 @@ from rllib_amp.fs import (
     is_file,
     read_bytes,
     resolve,
+    write_bytes,
 )
 from rllib_amp.log_events import event
 
@@ -51,6 +52,10 @@ logger = logging.getLogger(__name__)
 # Tune's name for its experiment state files (TuneController.CKPT_FILE_TMPL).
 _EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
 DAMAGED_SUFFIX = ".damaged"
+# Written into a damaged checkpoint whose copy was kept aside (its text: where the copy is):
+# restores pass it over unread. Next to the folder a ".damaged" name could be an older
+# folder's, moved aside before Tune wrote a new checkpoint under the same name.
+KEPT_ASIDE_FILE = "rllib_amp_kept_aside.txt"
 
 
 @dataclass(frozen=True)
@@ -179,15 +184,17 @@ def _check_not_cut_off(fs: Any, folder: str, older: list[str]) -> None:
 
 def _move_aside(fs: Any, folder: str, *, copy: bool = False) -> str:
     """Renames ``folder`` to ``<folder>.damaged`` (``.damaged-2``, ... if taken); with
-    ``copy``, copies it there instead (once: an existing ``<folder>.damaged`` is its copy)."""
+    ``copy``, copies it there instead (once) and marks ``folder`` (``KEPT_ASIDE_FILE``)."""
+    mark = posixpath.join(folder, KEPT_ASIDE_FILE)
+    if copy and is_file(fs, mark):
+        return read_bytes(fs, mark).decode("utf-8")
     target, n = folder + DAMAGED_SUFFIX, 1
-    if copy and is_dir(fs, target):
-        return display_path(fs, target)
     while fs.get_file_info(target).type != pyarrow.fs.FileType.NotFound:
         n += 1
         target = f"{folder}{DAMAGED_SUFFIX}-{n}"
     if copy:
         pyarrow.fs.copy_files(folder, target, source_filesystem=fs, destination_filesystem=fs)
+        write_bytes(fs, mark, display_path(fs, target).encode("utf-8"))
         return display_path(fs, target)
     try:
         fs.move(folder, target)
@@ -223,8 +230,8 @@ def intact_checkpoint_before(fs: Any, checkpoint: str) -> str | None:
     """The newest intact checkpoint of ``checkpoint``'s trial older than it, else None.
 
     What a trial restores instead of a damaged ``checkpoint``
-    (``rllib_amp.checkpoints.algorithm``). Folders kept aside as damaged by a resume
-    (``<name>.damaged`` next to them) are passed over without reading them.
+    (``rllib_amp.checkpoints.algorithm``). Checkpoints a resume found damaged
+    (``is_kept_aside``) are passed over without reading them.
 
     Example:
         >>> intact_checkpoint_before(pyarrow.fs.LocalFileSystem(), "/t/checkpoint_000000")
@@ -234,9 +241,14 @@ def intact_checkpoint_before(fs: Any, checkpoint: str) -> str | None:
     older = [
         f
         for f in checkpoint_folders(fs, trial)
-        if _index(posixpath.basename(f)) < index and not is_dir(fs, f + DAMAGED_SUFFIX)
+        if _index(posixpath.basename(f)) < index and not is_kept_aside(fs, f)
     ]
     return _first_intact(fs, older)[0]
+
+
+def is_kept_aside(fs: Any, checkpoint: str) -> bool:
+    """Whether a resume found ``checkpoint`` damaged and kept a copy of it aside."""
+    return is_file(fs, posixpath.join(checkpoint.rstrip("/"), KEPT_ASIDE_FILE))
 
 
 def _index(name: str) -> int:

@@ -18,6 +18,7 @@ from ray.tune.trainable.metadata import _TrainingRunMetadata
 
 from rllib_amp.checkpoint_files import write_manifest
 from rllib_amp.checkpoints.fallback import (
+    KEPT_ASIDE_FILE,
     NoIntactCheckpointError,
     intact_checkpoint_before,
     newest_intact_checkpoint,
@@ -315,9 +316,32 @@ def test_intact_checkpoint_before_reads_only_older_checkpoints_not_kept_aside(tm
     local = pyarrow.fs.LocalFileSystem()
     newest = str(trial / "checkpoint_000003")
     assert intact_checkpoint_before(local, newest) == str(trial / "checkpoint_000002")
-    (trial / "checkpoint_000002.damaged").mkdir()  # kept aside by a resume: not read again
+    # Found damaged by a resume (a copy kept aside): not read again.
+    (trial / "checkpoint_000002" / KEPT_ASIDE_FILE).write_text("elsewhere")
     _damage(trial / "checkpoint_000001")
     assert intact_checkpoint_before(local, newest) == str(trial / "checkpoint_000000")
     assert intact_checkpoint_before(local, str(trial / "checkpoint_000000")) is None
     # A record whose folder is gone still finds the older ones.
     assert intact_checkpoint_before(local, str(trial / "checkpoint_000009")) == newest
+
+
+def test_a_new_checkpoint_under_a_name_moved_aside_before_is_read_and_kept_on_its_own(tmp_path):
+    # Resume 1 moved the unrecorded, damaged checkpoint_000003 aside; Tune then wrote its
+    # next checkpoint under that name, and it is whole.
+    exp, _, _ = _experiment(tmp_path, ["trial_a"])
+    trial = exp / "trial_a"
+    _checkpoint(trial / "checkpoint_000003.damaged", 4)
+    _checkpoint(trial / "checkpoint_000003", 4)
+    _checkpoint(trial / "checkpoint_000004", 5)
+    local = pyarrow.fs.LocalFileSystem()
+    newest = str(trial / "checkpoint_000004")
+    assert intact_checkpoint_before(local, newest) == str(trial / "checkpoint_000003")
+    # Both damaged later (newer than Tune's record: moved): the old folder keeps its name.
+    _damage(trial / "checkpoint_000003")
+    _damage(trial / "checkpoint_000004")
+    (choice,) = resume_from_intact_checkpoints(exp)  # Tune's record: checkpoint_000002
+    assert choice.intact == str(trial / "checkpoint_000002")
+    assert [d.moved_to for d in choice.damaged] == [
+        str(trial / "checkpoint_000004.damaged"),
+        str(trial / "checkpoint_000003.damaged-2"),
+    ]
