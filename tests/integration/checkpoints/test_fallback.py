@@ -1,7 +1,8 @@
 """A trial restores its newest intact checkpoint when Tune's record names a damaged one.
 
 Tune's experiment state is never rewritten: the trial's own restore (AmpAlgorithmMixin.restore)
-walks back to the newest intact ``checkpoint_*`` folder of the trial.
+walks back to the newest intact ``checkpoint_*`` folder of the trial, on a plain Tuner.restore
+and after ``--resume``'s check (resume_from_intact_checkpoints) alike.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import pytest
 
 from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME
+from rllib_amp.checkpoints.fallback import resume_from_intact_checkpoints
 from tests.integration.common import amp_config
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -89,7 +91,12 @@ def test_a_trial_restores_past_a_damaged_checkpoint_tune_still_records(tmp_path)
     # Restored from checkpoint_000000 (iteration 1), not from the damaged one (iteration 2).
     assert seen.read_text().split() == ["1", "2", "3", "2"]
 
+    # Second resume, as `--resume` runs it: the damaged checkpoint is said and a copy kept
+    # aside first; Tune's experiment state is left as it is.
     fail_at.unlink()
+    (choice,) = resume_from_intact_checkpoints(tmp_path / "sweep")
+    assert choice.intact == str(trial / "checkpoint_000000")
+    assert [d.file for d in choice.damaged] == [str(damaged)]
     errors = _Errors()
     tune_logger = logging.getLogger("ray.tune")
     tune_logger.addHandler(errors)
@@ -104,10 +111,12 @@ def test_a_trial_restores_past_a_damaged_checkpoint_tune_still_records(tmp_path)
     seconds = [r["time_total_s"] for r in _rows(trial)]
     assert seconds == sorted(seconds)
     # Tune's own bookkeeping went on: it deleted the checkpoints past num_to_keep, the
-    # damaged one among them, without an error.
+    # damaged original among them, without an error; the copy kept aside stays.
     assert sorted(p.name for p in trial.glob("checkpoint_*")) == [
+        "checkpoint_000001.damaged",
         "checkpoint_000003",
         "checkpoint_000004",
     ]
+    assert (trial / "checkpoint_000001.damaged" / "env_runner" / "state.pkl").exists()
     assert errors.messages == []
     assert os.path.exists(trial / "checkpoint_000004" / MANIFEST_FILE_NAME)
