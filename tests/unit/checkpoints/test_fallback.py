@@ -20,7 +20,9 @@ from rllib_amp.checkpoint_files import write_manifest
 from rllib_amp.checkpoints.fallback import (
     KEPT_ASIDE_FILE,
     NoIntactCheckpointError,
+    _move_aside,
     intact_checkpoint_before,
+    is_kept_aside,
     newest_intact_checkpoint,
     resume_from_intact_checkpoints,
 )
@@ -140,6 +142,15 @@ def test_trial_folder_on_s3_by_pyarrow_uri(tmp_path, monkeypatch):
         }
         assert "runs/sweep/trial/checkpoint_000001.damaged/algorithm_state.pkl" in left
         assert not [p for p in left if p.startswith("runs/sweep/trial/checkpoint_000001/")]
+        # The restore's walk, on the filesystem and path Tune gives it.
+        newer = "runs/sweep/trial/checkpoint_000002"
+        pyarrow.fs.copy_files(
+            str(local / "checkpoint_000001"), newer, destination_filesystem=s3
+        )  # damaged as well
+        assert intact_checkpoint_before(s3, newer) == "runs/sweep/trial/checkpoint_000000"
+        _move_aside(s3, newer, copy=True)
+        assert is_kept_aside(s3, newer)
+        assert s3.get_file_info(newer + ".damaged").type == pyarrow.fs.FileType.Directory
     finally:
         server.stop()
 
