@@ -9,9 +9,9 @@ every state file RLlib's restore will read for this algorithm is there, with or 
 manifest (``rllib_restore_files``). Every save writes a manifest of checksums after RLlib's own
 files, so bytes changed later are caught too.
 
-A Tune trial restores through ``Trainable.restore``, which gets the checkpoint's filesystem
-and path. When that checkpoint is damaged, the mixin restores the newest intact older
-``checkpoint_*`` folder of the same trial instead
+A Tune trial restores through ``Trainable.restore``, which gets Tune's record of the
+checkpoint (its filesystem and path). When that checkpoint is damaged, the mixin restores the
+newest intact older ``checkpoint_*`` folder of the same trial instead
 (``rllib_amp.checkpoints.fallback.intact_checkpoint_before``), on a resume and on Tune's own
 retries alike; Tune's records are left as they are.
 
@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
-from ray.tune import Checkpoint, Trainable
+from ray.train import Checkpoint
+from ray.tune import Trainable
 
 from rllib_amp.checkpoint_files import (
     CheckpointError,
@@ -90,12 +91,13 @@ class AmpAlgorithmMixin(_MixinBase):
 
     @override(Trainable)
     def restore(self, checkpoint_path: Any) -> None:
-        # Tune passes its record of the checkpoint (a _TrainingResult); RLlib a path.
-        checkpoint = getattr(checkpoint_path, "checkpoint", checkpoint_path)
-        if isinstance(checkpoint, Checkpoint):
-            fs, path = checkpoint.filesystem, checkpoint.path
-        else:
-            fs, path = resolve(checkpoint)
+        # Tune passes its record of the checkpoint (a _TrainingResult: checkpoint, metrics;
+        # the checkpoint a ray.tune.Checkpoint, a subclass of ray.train's).
+        # A path or Checkpoint from user code is restored as asked.
+        checkpoint = getattr(checkpoint_path, "checkpoint", None)
+        if not isinstance(checkpoint, Checkpoint):
+            return super().restore(checkpoint_path)  # type: ignore[no-any-return]
+        fs, path = checkpoint.filesystem, checkpoint.path
         error = None
         # One `--resume` found damaged (fallback.resume_from_intact_checkpoints) is not read
         # again.
@@ -124,11 +126,11 @@ class AmpAlgorithmMixin(_MixinBase):
             shown,
             extra=fields,
         )
-        replacement = Checkpoint(path=intact, filesystem=fs)
-        metrics = getattr(checkpoint_path, "metrics", None)
-        if metrics is not None:
-            # Tune's record, pointed at the intact checkpoint: its time_total_s goes on (the
-            # seconds of the iterations lost with the damaged checkpoint included) instead of
-            # restarting at 0; the iteration count comes from the checkpoint's own state.
-            replacement = type(checkpoint_path)(checkpoint=replacement, metrics=dict(metrics))
+        # Tune's record, pointed at the intact checkpoint: its time_total_s goes on (the
+        # seconds of the iterations lost with the damaged checkpoint included) instead of
+        # restarting at 0; the iteration count comes from the checkpoint's own state.
+        replacement = type(checkpoint_path)(
+            checkpoint=type(checkpoint)(path=intact, filesystem=fs),
+            metrics=dict(checkpoint_path.metrics),
+        )
         return super().restore(replacement)  # type: ignore[no-any-return]

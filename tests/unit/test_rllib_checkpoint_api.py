@@ -75,6 +75,10 @@ def test_tune_restores_a_trial_through_trainable_restore_with_its_record():
     assert 'method_name = "restore"' in source
     assert "args = (checkpoint_result,)" in source
     assert {"checkpoint", "metrics"} <= set(inspect.signature(_TrainingResult).parameters)
+    # Tune's records hold ray.tune.Checkpoint; the mixin checks for ray.train's, its base.
+    import ray.tune
+
+    assert issubclass(ray.tune.Checkpoint, Checkpoint)
 
 
 def test_tune_cannot_delete_a_recorded_checkpoint_that_was_moved(tmp_path):

@@ -120,3 +120,42 @@ def test_a_trial_restores_past_a_damaged_checkpoint_tune_still_records(tmp_path)
     assert (trial / "checkpoint_000001.damaged" / "env_runner" / "state.pkl").exists()
     assert errors.messages == []
     assert os.path.exists(trial / "checkpoint_000004" / MANIFEST_FILE_NAME)
+
+
+def test_only_tunes_record_falls_back_a_path_from_user_code_is_restored_as_asked(tmp_path, caplog):
+    from ray.train import Checkpoint
+    from ray.train._internal.session import _TrainingResult
+
+    from rllib_amp.checkpoint_files import CheckpointError
+    from rllib_amp.checkpoints.fallback import KEPT_ASIDE_FILE
+
+    algo = amp_config("PPO", dtype="float16").build_algo()
+    try:
+        for i in range(2):
+            algo.train()
+            algo.save_to_path(str(tmp_path / f"checkpoint_{i:06d}"))
+        damaged = tmp_path / "checkpoint_000001" / "algorithm_state.pkl"
+        damaged.write_bytes(damaged.read_bytes()[:3])
+        with pytest.raises(CheckpointError):
+            algo.restore(str(tmp_path / "checkpoint_000001"))
+        record = _TrainingResult(
+            checkpoint=Checkpoint(path=str(tmp_path / "checkpoint_000001")),
+            metrics={"training_iteration": 2, "time_total_s": 99.0},
+        )
+        caplog.set_level(logging.WARNING, logger="rllib_amp")
+        algo.restore(record)
+        assert algo.iteration == 1  # checkpoint_000000's own count
+        assert algo.train()["time_total_s"] > 99.0  # Tune's clock went on
+        (warning,) = [r for r in caplog.records if r.name.startswith("rllib_amp")]
+        assert warning.amp_fields == {
+            "damaged": str(tmp_path / "checkpoint_000001"),
+            "intact": str(tmp_path / "checkpoint_000000"),
+        }
+        # Both found damaged and kept aside by `--resume --restart-damaged`: nothing to
+        # restore, the trial goes on from where it is (a fresh one: its first iteration).
+        for i in range(2):
+            (tmp_path / f"checkpoint_{i:06d}" / KEPT_ASIDE_FILE).write_text("kept")
+        algo.restore(record)
+        assert algo.iteration == 2
+    finally:
+        algo.stop()
