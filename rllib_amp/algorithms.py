@@ -1,11 +1,25 @@
-"""The algorithms rllib-amp supports: one record each, read by every other module.
+"""The algorithms rllib-amp supports: one row each in ``ALGORITHMS``, read by every other module.
 
-A record names the algorithm, its RLlib config class, RLlib's torch learner, the rllib-amp
-learner that replaces it, RLlib's default torch RLModule, that module taking uint8 image
-observations (the native Atari path) and that one with BatchNorm. To support another
-algorithm, add its AMP learner class and one record here.
+A row gives the algorithm's name (RLlib's spelling), whether its learner splits the train
+batch into minibatches, and the result keys it reports beyond the common ones. Every class
+follows from the name ``X`` (package ``x`` under ``ray.rllib.algorithms``): RLlib's ``X``,
+``XConfig``, ``XTorchLearner`` (``x.torch.x_torch_learner``) and ``DefaultXTorchRLModule``
+(``x.torch.default_x_torch_rl_module``), and rllib-amp's ``AmpXTorchLearner``, ``AmpX``,
+``Uint8DefaultXTorchRLModule`` (uint8 image observations, the native Atari path) and
+``BatchNormDefaultXTorchRLModule``. To support another algorithm, add its row (one whose RLlib
+classes are named otherwise, as MARWIL without a default module of its own, needs a field).
 
-The registry's names load without RLlib: a record's classes, and the module-level AMP
+What a row cannot check: ``AmpLearnerMixin`` scales the losses RLlib hands to
+``TorchLearner.compute_gradients`` (``loss_per_module``) and unscales what that
+back-propagates, so the algorithm's learner must back-propagate ``loss_per_module``. PPO,
+DQN, MARWIL/BC and IMPALA/APPO do (IMPALA's override, used with 2+ learners on a
+multi-agent setup, sums the losses it is given). SAC, CQL, TQC, IQL and DreamerV3 override
+``compute_gradients`` to back-propagate losses stored during ``compute_losses``
+(``self._temp_losses``): the scaled losses would never reach ``backward``, and the unscale
+would divide true gradients by the scale. Those need their own ``compute_gradients`` in the
+mixin before they get a row.
+
+The registry's names load without RLlib: a row's classes, and the module-level AMP
 classes (``AmpPPOTorchLearner``, ...), are made on first use, so an experiment file with a
 misspelt algorithm is refused before torch and RLlib are imported.
 
@@ -19,10 +33,11 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from rllib_amp.checks import suggest
 
@@ -31,22 +46,7 @@ if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
     from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
-# The AMP learners, algorithms and RLModules have module-level names so that Ray and RLlib's
-# checkpoints pickle them by reference; pickle finds them through ``__getattr__``.
-_RLLIB_NAMES = (
-    "AmpPPOTorchLearner",
-    "AmpDQNTorchLearner",
-    "AmpAPPOTorchLearner",
-    "AmpPPO",
-    "AmpDQN",
-    "AmpAPPO",
-    "Uint8DefaultPPOTorchRLModule",
-    "Uint8DefaultDQNTorchRLModule",
-    "Uint8DefaultAPPOTorchRLModule",
-    "BatchNormDefaultPPOTorchRLModule",
-    "BatchNormDefaultDQNTorchRLModule",
-    "BatchNormDefaultAPPOTorchRLModule",
-)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,8 @@ class ResultKeys:
     learner: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class _Classes:
-    """The part of a record that needs RLlib."""
+class _Classes(NamedTuple):
+    """The part of a row that needs RLlib."""
 
     config_class: type[AlgorithmConfig]
     learner: type[TorchLearner]
@@ -74,196 +73,162 @@ class _Classes:
     results: ResultKeys
 
 
+class _FromRLlib(Generic[T]):
+    """A row's class (or RLlib-named value), looked up in ``_rllib_classes`` on first use."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, row: Algorithm | None, owner: type | None = None) -> T:
+        if row is None:  # looked up on the class (documentation tools)
+            return self  # type: ignore[return-value]
+        return getattr(_rllib_classes()[row.name], self.name)  # type: ignore[no-any-return]
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One supported algorithm and the classes rllib-amp uses for it.
 
     ``minibatches``: the learner splits each train batch into minibatches
-    (``minibatch_size``, ``num_epochs``); ``results``: the result keys it adds. The class
-    fields import RLlib on first use.
+    (``minibatch_size``, ``num_epochs``). The result keys are named by RLlib constants,
+    ``"module.CONSTANT"`` under ``ray.rllib`` (``scopes`` are literal), resolved with the
+    classes. The class fields import RLlib on first use.
     """
 
     name: str
     minibatches: bool
+    top_keys: tuple[str, ...] = ()
+    scopes: tuple[str, ...] = ()
+    learner_keys: tuple[str, ...] = ()
 
-    @property
-    def _classes(self) -> _Classes:
-        return _rllib_classes()[self.name]
-
-    @property
-    def config_class(self) -> type[AlgorithmConfig]:
-        return self._classes.config_class
-
-    @property
-    def learner(self) -> type[TorchLearner]:
-        return self._classes.learner
-
-    @property
-    def amp_learner(self) -> type[TorchLearner]:
-        return self._classes.amp_learner
-
-    @property
-    def module(self) -> type:
-        return self._classes.module
-
-    @property
-    def uint8_module(self) -> type:
-        return self._classes.uint8_module
-
-    @property
-    def batchnorm_module(self) -> type:
-        return self._classes.batchnorm_module
-
-    @property
-    def algorithm_class(self) -> type[RLlibAlgorithm]:
-        return self._classes.algorithm_class
-
-    @property
-    def amp_algorithm(self) -> type[RLlibAlgorithm]:
-        return self._classes.amp_algorithm
-
-    @property
-    def results(self) -> ResultKeys:
-        return self._classes.results
+    config_class = _FromRLlib["type[AlgorithmConfig]"]()
+    learner = _FromRLlib["type[TorchLearner]"]()
+    amp_learner = _FromRLlib["type[TorchLearner]"]()
+    module = _FromRLlib[type]()
+    uint8_module = _FromRLlib[type]()
+    batchnorm_module = _FromRLlib[type]()
+    algorithm_class = _FromRLlib["type[RLlibAlgorithm]"]()
+    amp_algorithm = _FromRLlib["type[RLlibAlgorithm]"]()
+    results = _FromRLlib[ResultKeys]()
 
 
+_LOSSES = tuple(
+    f"core.learner.learner.{k}" for k in ("POLICY_LOSS_KEY", "VF_LOSS_KEY", "ENTROPY_KEY")
+)
 # In the order messages list them.
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm("PPO", minibatches=True),
-        Algorithm("DQN", minibatches=False),
-        Algorithm("APPO", minibatches=True),
+        Algorithm(
+            "PPO",
+            minibatches=True,
+            learner_keys=(
+                *_LOSSES,
+                "algorithms.ppo.ppo.LEARNER_RESULTS_KL_KEY",
+                "algorithms.ppo.ppo.LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY",
+            ),
+        ),
+        Algorithm(
+            "DQN",
+            minibatches=False,
+            scopes=("replay_buffer",),
+            learner_keys=tuple(
+                f"algorithms.dqn.dqn_learner.{k}"
+                for k in ("QF_LOSS_KEY", "TD_ERROR_MEAN_KEY", "QF_MEAN_KEY")
+            ),
+        ),
+        Algorithm(
+            "APPO",
+            minibatches=True,
+            scopes=("learner_group",),
+            top_keys=tuple(
+                f"utils.metrics.{k}"
+                for k in (
+                    "MEAN_NUM_LEARNER_GROUP_UPDATE_CALLED",
+                    "NUM_SYNCH_WORKER_WEIGHTS",
+                    "NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS",
+                )
+            ),
+            learner_keys=(*_LOSSES, "algorithms.appo.appo.LEARNER_RESULTS_KL_KEY"),
+        ),
     )
 }
+
+# The AMP learners, algorithms and RLModules have module-level names so that Ray and RLlib's
+# checkpoints pickle them by reference; pickle finds them through ``__getattr__``.
+_AMP_NAMES = (
+    "Amp{}TorchLearner",
+    "Amp{}",
+    "Uint8Default{}TorchRLModule",
+    "BatchNormDefault{}TorchRLModule",
+)
+_RLLIB_NAMES = tuple(n.format(a) for a in ALGORITHMS for n in _AMP_NAMES)
 
 _LOCK = threading.Lock()
 _CLASSES: dict[str, _Classes] = {}
 
 
 def _rllib_classes() -> dict[str, _Classes]:
-    """Each record's RLlib classes, made once: two threads must not make two AmpPPO classes,
+    """Each row's RLlib classes, made once: two threads must not make two AmpPPO classes,
     or a checkpoint would name one and Ray's workers hold the other."""
     if _CLASSES:
         return _CLASSES
     with _LOCK:
         if not _CLASSES:
-            _CLASSES.update(_define_rllib_classes())
+            _CLASSES.update({a.name: _define_rllib_classes(a) for a in ALGORITHMS.values()})
     return _CLASSES
 
 
-def _define_rllib_classes() -> dict[str, _Classes]:
-    from ray.rllib.algorithms import appo, ppo
-    from ray.rllib.algorithms.appo import APPO, APPOConfig
-    from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
-    from ray.rllib.algorithms.appo.torch.default_appo_torch_rl_module import (
-        DefaultAPPOTorchRLModule,
-    )
-    from ray.rllib.algorithms.dqn import DQN, DQNConfig, dqn_learner
-    from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import (
-        DefaultDQNTorchRLModule,
-    )
-    from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
-    from ray.rllib.algorithms.ppo import PPO, PPOConfig
-    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
-        DefaultPPOTorchRLModule,
-    )
-    from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-    from ray.rllib.core.learner import learner as rllib_learner
-    from ray.rllib.utils import metrics as M
+def _rllib_value(reference: str) -> Any:
+    """``"module.NAME"`` under ``ray.rllib`` -> its value."""
+    module, name = reference.rsplit(".", 1)
+    return getattr(importlib.import_module(f"ray.rllib.{module}"), name)
 
+
+def _define_rllib_classes(row: Algorithm) -> _Classes:
     from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
     from rllib_amp.envs.models import with_batchnorm, with_uint8_images
     from rllib_amp.learner.mixin import AmpLearnerMixin
 
-    def named(name: str, bases: tuple[type, ...], doc: str) -> type:
-        return type(name, bases, {"__doc__": doc, "__module__": __name__})
-
-    learner_doc = "torch learner with autocast and a checkpointed GradScaler per policy."
-    algorithm_doc = "with verified restores and checksummed checkpoints."
+    x, package = row.name, row.name.lower()
+    rllib = f"algorithms.{package}"
+    learner = _rllib_value(f"{rllib}.torch.{package}_torch_learner.{x}TorchLearner")
+    module = _rllib_value(
+        f"{rllib}.torch.default_{package}_torch_rl_module.Default{x}TorchRLModule"
+    )
+    algorithm_class = _rllib_value(f"{rllib}.{x}")
+    amp_learner, amp_algorithm, uint8_name, batchnorm_name = (n.format(x) for n in _AMP_NAMES)
+    uint8 = with_uint8_images(module)
+    learner_doc = f"{x}'s torch learner with autocast and a checkpointed GradScaler per policy."
+    algorithm_doc = f"RLlib's {x} with verified restores and checksummed checkpoints."
     made: dict[str, Any] = {
-        "AmpPPOTorchLearner": named(
-            "AmpPPOTorchLearner", (AmpLearnerMixin, PPOTorchLearner), f"PPO's {learner_doc}"
+        amp_learner: type(amp_learner, (AmpLearnerMixin, learner), {"__doc__": learner_doc}),
+        amp_algorithm: type(
+            amp_algorithm, (AmpAlgorithmMixin, algorithm_class), {"__doc__": algorithm_doc}
         ),
-        "AmpDQNTorchLearner": named(
-            "AmpDQNTorchLearner",
-            (AmpLearnerMixin, DQNTorchLearner),
-            "DQN's torch learner (target network, double Q) with autocast and per-policy scalers.",
-        ),
-        "AmpAPPOTorchLearner": named(
-            "AmpAPPOTorchLearner", (AmpLearnerMixin, APPOTorchLearner), f"APPO's {learner_doc}"
-        ),
-        "AmpPPO": named("AmpPPO", (AmpAlgorithmMixin, PPO), f"RLlib's PPO {algorithm_doc}"),
-        "AmpDQN": named("AmpDQN", (AmpAlgorithmMixin, DQN), f"RLlib's DQN {algorithm_doc}"),
-        "AmpAPPO": named("AmpAPPO", (AmpAlgorithmMixin, APPO), f"RLlib's APPO {algorithm_doc}"),
-    }
-    defaults = {
-        "PPO": DefaultPPOTorchRLModule,
-        "DQN": DefaultDQNTorchRLModule,
-        "APPO": DefaultAPPOTorchRLModule,
-    }
-    for algo, module in defaults.items():
-        uint8 = with_uint8_images(module)
-        made[f"Uint8Default{algo}TorchRLModule"] = uint8
+        uint8_name: uint8,
         # BatchNorm modules take uint8 and float observations alike; their names predate
         # uint8 input and are kept, so existing checkpoints still find them.
-        name = f"BatchNormDefault{algo}TorchRLModule"
-        made[name] = with_batchnorm(uint8, name=name)
+        batchnorm_name: with_batchnorm(uint8, name=batchnorm_name),
+    }
     for cls in made.values():
         cls.__module__ = __name__
     globals().update(made)  # later lookups skip __getattr__
-
-    policy_gradient_losses = (
-        rllib_learner.POLICY_LOSS_KEY,
-        rllib_learner.VF_LOSS_KEY,
-        rllib_learner.ENTROPY_KEY,
+    return _Classes(
+        config_class=_rllib_value(f"{rllib}.{x}Config"),
+        learner=learner,
+        amp_learner=made[amp_learner],
+        module=module,
+        uint8_module=uint8,
+        batchnorm_module=made[batchnorm_name],
+        algorithm_class=algorithm_class,
+        amp_algorithm=made[amp_algorithm],
+        results=ResultKeys(
+            top=tuple(_rllib_value(k) for k in row.top_keys),
+            scopes=row.scopes,
+            learner=tuple(_rllib_value(k) for k in row.learner_keys),
+        ),
     )
-    results = {
-        "PPO": ResultKeys(
-            learner=(
-                *policy_gradient_losses,
-                ppo.ppo.LEARNER_RESULTS_KL_KEY,
-                ppo.ppo.LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
-            ),
-        ),
-        "DQN": ResultKeys(
-            scopes=("replay_buffer",),
-            learner=(
-                dqn_learner.QF_LOSS_KEY,
-                dqn_learner.TD_ERROR_MEAN_KEY,
-                dqn_learner.QF_MEAN_KEY,
-            ),
-        ),
-        "APPO": ResultKeys(
-            top=(
-                M.MEAN_NUM_LEARNER_GROUP_UPDATE_CALLED,
-                M.NUM_SYNCH_WORKER_WEIGHTS,
-                M.NUM_TRAINING_STEP_CALLS_SINCE_LAST_SYNCH_WORKER_WEIGHTS,
-            ),
-            scopes=("learner_group",),
-            learner=(*policy_gradient_losses, appo.appo.LEARNER_RESULTS_KL_KEY),
-        ),
-    }
-    # (config class, RLlib's torch learner, RLlib's algorithm)
-    rllib: dict[str, tuple[Any, Any, Any]] = {
-        "PPO": (PPOConfig, PPOTorchLearner, PPO),
-        "DQN": (DQNConfig, DQNTorchLearner, DQN),
-        "APPO": (APPOConfig, APPOTorchLearner, APPO),
-    }
-    return {
-        algo: _Classes(
-            config_class=config_class,
-            learner=learner,
-            amp_learner=made[f"Amp{algo}TorchLearner"],
-            module=defaults[algo],
-            uint8_module=made[f"Uint8Default{algo}TorchRLModule"],
-            batchnorm_module=made[f"BatchNormDefault{algo}TorchRLModule"],
-            algorithm_class=algorithm_class,
-            amp_algorithm=made[f"Amp{algo}"],
-            results=results[algo],
-        )
-        for algo, (config_class, learner, algorithm_class) in rllib.items()
-    }
 
 
 def __getattr__(name: str) -> Any:

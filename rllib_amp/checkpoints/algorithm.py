@@ -10,6 +10,12 @@ every state file RLlib's restore will read for this algorithm is there, with or 
 manifest (``rllib_restore_files``). Every save writes a manifest of checksums after RLlib's own
 files, so bytes changed later are caught too.
 
+A Tune trial restores through ``Trainable.restore``, which gets Tune's record of the
+checkpoint (its filesystem and path). When that checkpoint is damaged, the mixin restores the
+newest intact older ``checkpoint_*`` folder of the same trial instead
+(``rllib_amp.checkpoints.fallback.intact_checkpoint_before``), on a resume and on Tune's own
+retries alike; Tune's records are left as they are.
+
 An iteration in which no update finished (APPO's learner thread waits for its first batch,
 also after a restore) has no learner results: its AMP metrics come from the scalers as they
 stand (``AmpLearnerMixin.amp_values_without_an_update``) instead of reading None.
@@ -26,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from typing import TYPE_CHECKING, Any
@@ -34,9 +41,20 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import LEARNER_RESULTS
+from ray.train import Checkpoint
+from ray.tune import Trainable
 
-from rllib_amp.checkpoint_files import rllib_restore_files, verify_checkpoint, write_manifest
-from rllib_amp.fs import resolve
+from rllib_amp.checkpoint_files import (
+    CheckpointError,
+    rllib_restore_files,
+    verify_checkpoint,
+    write_manifest,
+)
+from rllib_amp.checkpoints.fallback import intact_checkpoint_before, is_kept_aside
+from rllib_amp.fs import display_path, resolve
+from rllib_amp.log_events import event
+
+logger = logging.getLogger(__name__)
 
 # Type checkers see the mixin as an Algorithm; at run time it is a plain mixin.
 _MixinBase: Any = Algorithm if TYPE_CHECKING else object
@@ -79,6 +97,52 @@ class AmpAlgorithmMixin(_MixinBase):
         )
         verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, *args, **kwargs)
+
+    @override(Trainable)
+    def restore(self, checkpoint_path: Any) -> None:
+        # Tune passes its record of the checkpoint (a _TrainingResult: checkpoint, metrics;
+        # the checkpoint a ray.tune.Checkpoint, a subclass of ray.train's).
+        # A path or Checkpoint from user code is restored as asked.
+        checkpoint = getattr(checkpoint_path, "checkpoint", None)
+        if not isinstance(checkpoint, Checkpoint):
+            return super().restore(checkpoint_path)  # type: ignore[no-any-return]
+        fs, path = checkpoint.filesystem, checkpoint.path
+        error = None
+        # One `--resume` found damaged (fallback.resume_from_intact_checkpoints) is not read
+        # again.
+        if not is_kept_aside(fs, path):
+            try:
+                return super().restore(checkpoint_path)  # type: ignore[no-any-return]
+            except CheckpointError as e:  # raised before anything was loaded
+                error = e
+        intact = intact_checkpoint_before(fs, path)
+        if intact is None and error is not None:
+            raise error
+        shown = display_path(fs, path)
+        fields = event("checkpoint_restore_fallback", damaged=shown, intact=intact)
+        if intact is None:
+            # Kept aside with no intact one left: `--resume --restart-damaged` asked for this.
+            logger.warning(
+                "rllib_amp: %s is damaged and no older checkpoint is intact: the trial runs "
+                "again from its first iteration",
+                shown,
+                extra=fields,
+            )
+            return None
+        logger.warning(
+            "rllib_amp: restoring %s instead of the damaged %s",
+            display_path(fs, intact),
+            shown,
+            extra=fields,
+        )
+        # Tune's record, pointed at the intact checkpoint: its time_total_s goes on (the
+        # seconds of the iterations lost with the damaged checkpoint included) instead of
+        # restarting at 0; the iteration count comes from the checkpoint's own state.
+        replacement = type(checkpoint_path)(
+            checkpoint=type(checkpoint)(path=intact, filesystem=fs),
+            metrics=dict(checkpoint_path.metrics),
+        )
+        return super().restore(replacement)  # type: ignore[no-any-return]
 
     # The AMP metric keys the learners report; None until asked, () when AMP is off.
     _amp_metric_keys: tuple[str, ...] | None = None

@@ -1,18 +1,19 @@
-"""Resuming past a damaged checkpoint: the newest intact one of a trial, and Tune pointed at it.
+"""Resuming past a damaged checkpoint: the newest intact one of a trial, at restore time.
 
 A Tune trial resumes from the latest checkpoint recorded in the experiment state
 (``experiment_state-*.json``). When that checkpoint is damaged (a node died mid-upload, a
-disk filled up, bit rot), the restore fails with ``CheckpointError`` on every retry.
+disk filled up, bit rot), RLlib's restore would fail on every retry.
 
 - ``newest_intact_checkpoint(trial_dir)`` reads a trial's ``checkpoint_NNNNNN`` folders newest
   first (``checkpoint_files.verify_checkpoint``) and returns the first intact one with the
   damaged ones it skipped. With ``move_damaged=True`` those are renamed to
   ``checkpoint_NNNNNN.damaged``: kept for inspection, never deleted.
-- ``resume_from_intact_checkpoints(experiment_dir)`` does that for every trial and rewrites
-  the experiment state so that Tune restores each trial from its intact checkpoint. The old
-  state file is kept next to it as ``experiment_state-*.json.before-fallback`` (a later
-  fallback's as ``.before-fallback.1``, ``.2``, ...: never overwritten). Call it
-  before ``Tuner.restore``.
+- ``intact_checkpoint_before(fs, checkpoint)``: what the trial's own restore
+  (``AmpAlgorithmMixin.restore``) restores instead of a damaged ``checkpoint``. Tune's
+  experiment state is never rewritten: its record still names the damaged checkpoint.
+- ``resume_from_intact_checkpoints(experiment_dir)``, before ``Tuner.restore``: says which
+  trial falls back to which checkpoint, keeps the damaged ones aside, and refuses a resume
+  in which a trial has no intact checkpoint at all.
 
 Both take a local folder or a pyarrow URI (``s3://``, ``gs://``, ``file://``).
 
@@ -34,7 +35,16 @@ from typing import Any
 import pyarrow.fs
 
 from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, verify_checkpoint
-from rllib_amp.fs import checkpoint_folders, display_path, is_dir, is_file, read_bytes, resolve
+from rllib_amp.fs import (
+    CHECKPOINT_FOLDER,
+    checkpoint_folders,
+    display_path,
+    is_dir,
+    is_file,
+    read_bytes,
+    resolve,
+    write_bytes,
+)
 from rllib_amp.log_events import event
 
 logger = logging.getLogger(__name__)
@@ -42,7 +52,10 @@ logger = logging.getLogger(__name__)
 # Tune's name for its experiment state files (TuneController.CKPT_FILE_TMPL).
 _EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
 DAMAGED_SUFFIX = ".damaged"
-STATE_BACKUP_SUFFIX = ".before-fallback"
+# Written into a damaged checkpoint whose copy was kept aside (its text: where the copy is):
+# restores pass it over unread. Next to the folder a ".damaged" name could be an older
+# folder's, moved aside before Tune wrote a new checkpoint under the same name.
+KEPT_ASIDE_FILE = "rllib_amp_kept_aside.txt"
 
 
 @dataclass(frozen=True)
@@ -114,19 +127,8 @@ def newest_intact_checkpoint(
     fs, root = resolve(trial_dir, filesystem)
     if not is_dir(fs, root):
         raise FileNotFoundError(f"{display_path(fs, root)}: no such trial folder")
-    damaged: list[tuple[str, CheckpointError]] = []
-    intact = None
-    folders = checkpoint_folders(fs, root)
-    for i, folder in enumerate(folders):
-        try:
-            verified = verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False)
-            if verified is not None and verified.manifest is None:
-                _check_not_cut_off(fs, folder, folders[i + 1 :])
-        except CheckpointError as e:
-            damaged.append((folder, e))
-            continue
-        intact = display_path(fs, folder)
-        break
+    found, damaged = _first_intact(fs, checkpoint_folders(fs, root))
+    intact = None if found is None else display_path(fs, found)
     move = move_damaged and intact is not None
     skipped = tuple(
         DamagedCheckpoint(
@@ -139,6 +141,23 @@ def newest_intact_checkpoint(
         for folder, e in damaged
     )
     return CheckpointChoice(display_path(fs, root), intact, skipped)
+
+
+def _first_intact(
+    fs: Any, folders: list[str]
+) -> tuple[str | None, list[tuple[str, CheckpointError]]]:
+    """The first of ``folders`` (newest first) that verifies, and the damaged ones before it."""
+    damaged: list[tuple[str, CheckpointError]] = []
+    for i, folder in enumerate(folders):
+        try:
+            verified = verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False)
+            if verified is not None and verified.manifest is None:
+                _check_not_cut_off(fs, folder, folders[i + 1 :])
+        except CheckpointError as e:
+            damaged.append((folder, e))
+            continue
+        return folder, damaged
+    return None, damaged
 
 
 def _check_not_cut_off(fs: Any, folder: str, older: list[str]) -> None:
@@ -163,21 +182,20 @@ def _check_not_cut_off(fs: Any, folder: str, older: list[str]) -> None:
     )
 
 
-def _free_backup_path(fs: Any, state_path: str) -> str:
-    """``<state>.before-fallback``, else the first free ``<state>.before-fallback.N`` (N = 1, 2,
-    ...): every fallback keeps its own backup, none overwrites an earlier one."""
-    target, n = state_path + STATE_BACKUP_SUFFIX, 0
-    while fs.get_file_info(target).type != pyarrow.fs.FileType.NotFound:
-        n += 1
-        target = f"{state_path}{STATE_BACKUP_SUFFIX}.{n}"
-    return target
-
-
-def _move_aside(fs: Any, folder: str) -> str:
+def _move_aside(fs: Any, folder: str, *, copy: bool = False) -> str:
+    """Renames ``folder`` to ``<folder>.damaged`` (``.damaged-2``, ... if taken); with
+    ``copy``, copies it there instead (once) and marks ``folder`` (``KEPT_ASIDE_FILE``)."""
+    mark = posixpath.join(folder, KEPT_ASIDE_FILE)
+    if copy and is_file(fs, mark):
+        return read_bytes(fs, mark).decode("utf-8")
     target, n = folder + DAMAGED_SUFFIX, 1
     while fs.get_file_info(target).type != pyarrow.fs.FileType.NotFound:
         n += 1
         target = f"{folder}{DAMAGED_SUFFIX}-{n}"
+    if copy:
+        pyarrow.fs.copy_files(folder, target, source_filesystem=fs, destination_filesystem=fs)
+        write_bytes(fs, mark, display_path(fs, target).encode("utf-8"))
+        return display_path(fs, target)
     try:
         fs.move(folder, target)
     except (OSError, NotImplementedError):
@@ -208,26 +226,58 @@ class NoIntactCheckpointError(CheckpointError):
         return (type(self), (self.stranded,))
 
 
+def intact_checkpoint_before(fs: Any, checkpoint: str) -> str | None:
+    """The newest intact checkpoint of ``checkpoint``'s trial older than it, else None.
+
+    What a trial restores instead of a damaged ``checkpoint``
+    (``rllib_amp.checkpoints.algorithm``). Checkpoints a resume found damaged
+    (``is_kept_aside``) are passed over without reading them.
+
+    Example:
+        >>> intact_checkpoint_before(pyarrow.fs.LocalFileSystem(), "/t/checkpoint_000000")
+    """
+    trial, name = posixpath.split(checkpoint.rstrip("/"))
+    index = _index(name)
+    older = [
+        f
+        for f in checkpoint_folders(fs, trial)
+        if _index(posixpath.basename(f)) < index and not is_kept_aside(fs, f)
+    ]
+    return _first_intact(fs, older)[0]
+
+
+def is_kept_aside(fs: Any, checkpoint: str) -> bool:
+    """Whether a resume found ``checkpoint`` damaged and kept a copy of it aside."""
+    return is_file(fs, posixpath.join(checkpoint.rstrip("/"), KEPT_ASIDE_FILE))
+
+
+def _index(name: str) -> int:
+    match = CHECKPOINT_FOLDER.match(name)
+    return int(match.group(1)) if match else -1
+
+
 def resume_from_intact_checkpoints(
     experiment_dir: Any,
     *,
     filesystem: pyarrow.fs.FileSystem | None = None,
     restart_damaged: bool = False,
 ) -> list[CheckpointChoice]:
-    """Points a Tune experiment's trials at their newest intact checkpoints before a resume.
+    """Before a resume: each trial's damaged checkpoints are found, said and kept aside.
 
-    For each trial folder with checkpoints: finds the newest intact one, moves the damaged
-    newer ones aside (``<name>.damaged``) and records the intact one as the trial's latest
-    checkpoint in the newest ``experiment_state-*.json``, so that ``Tuner.restore`` resumes
-    from it. The previous state file is kept with the suffix ``.before-fallback`` (or
-    ``.before-fallback.N``, the first free N, when an earlier fallback's backup is there). Logs one
-    WARNING per trial that falls back. Returns one CheckpointChoice per trial folder with
-    checkpoints. FileNotFoundError if the folder holds no experiment state.
+    For each trial folder with checkpoints, finds the newest intact one and keeps the damaged
+    newer ones aside as ``<name>.damaged``. Tune's experiment state is not touched: it still
+    names a damaged checkpoint as the trial's latest, and the trial's own restore
+    (``AmpAlgorithmMixin.restore``) restores ``intact_checkpoint_before`` it instead. So the
+    damaged checkpoints Tune holds records of are copied aside (Tune deletes the originals
+    when its ``num_to_keep`` passes them); newer ones it never recorded are moved (Tune
+    writes its next checkpoint under such a name). Logs one WARNING per trial that falls
+    back. Returns one CheckpointChoice per trial folder with checkpoints.
+    FileNotFoundError if the folder holds no experiment state.
 
     A trial Tune would resume (not finished, not errored) from a checkpoint when none of its
-    checkpoints is intact: NoIntactCheckpointError, before anything is moved or rewritten.
-    With ``restart_damaged=True`` such a trial instead loses its checkpoint record, so Tune
-    runs it again from its first iteration; its damaged checkpoints are moved aside too.
+    checkpoints is intact: NoIntactCheckpointError, before anything is kept aside. With
+    ``restart_damaged=True`` such a trial's damaged checkpoints are kept aside too, and its
+    restore finds none intact: it runs again from its first iteration.
 
     Example:
         >>> for c in resume_from_intact_checkpoints("/runs/sweep"):  # doctest: +SKIP
@@ -235,42 +285,33 @@ def resume_from_intact_checkpoints(
         ...         print(c.describe())
     """
     fs, root = resolve(experiment_dir, filesystem)
-    state_path = _newest_experiment_state(fs, root)
+    state = json.loads(read_bytes(fs, _newest_experiment_state(fs, root)))
     choices, fs_paths = [], {}
     for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=False)):
         if info.type == pyarrow.fs.FileType.Directory and checkpoint_folders(fs, info.path):
             choices.append(newest_intact_checkpoint(info.path, filesystem=fs))
             fs_paths[choices[-1].trial_dir] = info.path
-    no_intact = {
-        posixpath.basename(c.trial_dir): c for c in choices if c.damaged and c.intact is None
-    }
-    original = read_bytes(fs, state_path)
-    state = json.loads(original)
-    stranded = [no_intact[t] for t in _trials_resumed_from_a_checkpoint(state) if t in no_intact]
+    records = _latest_recorded_checkpoints(state)
+    stranded = [
+        c
+        for c in choices
+        if c.damaged
+        and c.intact is None
+        and records.get(posixpath.basename(c.trial_dir), (None, ""))[0] == "resumed"
+    ]
     if stranded and not restart_damaged:
         raise NoIntactCheckpointError(tuple(stranded))
-    restarted = {posixpath.basename(c.trial_dir) for c in stranded}
-    # Damaged checkpoints of a trial with none intact stay in place unless that trial starts
+    restarted = {c.trial_dir for c in stranded}
+    # Damaged checkpoints of a trial with none intact stay as they are unless that trial starts
     # again: they are all it has.
     choices = [
-        _moved_aside(fs, fs_paths[c.trial_dir], c)
-        if c.intact is not None or posixpath.basename(c.trial_dir) in restarted
+        _kept_aside(fs, fs_paths[c.trial_dir], c, records)
+        if c.damaged and (c.intact is not None or c.trial_dir in restarted)
         else c
         for c in choices
     ]
-    repoint = {
-        posixpath.basename(c.trial_dir): c
-        for c in choices
-        if c.damaged and (c.intact is not None or posixpath.basename(c.trial_dir) in restarted)
-    }
-    if repoint and _repoint_experiment_state(state, repoint):
-        with fs.open_output_stream(_free_backup_path(fs, state_path)) as f:
-            f.write(original)
-        with fs.open_output_stream(state_path) as f:
-            f.write(json.dumps(state).encode("utf-8"))
     for c in choices:
         if c.damaged:
-            restart = posixpath.basename(c.trial_dir) in restarted
             logger.warning(
                 "rllib_amp: %s",
                 (
@@ -278,7 +319,7 @@ def resume_from_intact_checkpoints(
                     f"(--restart-damaged): "
                     + "; ".join(f"{d.reason} (kept as {d.moved_to})" for d in c.damaged)
                 )
-                if restart
+                if c.trial_dir in restarted
                 else c.describe(),
                 extra=event(
                     "checkpoint_fallback",
@@ -292,39 +333,34 @@ def resume_from_intact_checkpoints(
     return choices
 
 
-def _moved_aside(fs: Any, fs_trial_dir: str, choice: CheckpointChoice) -> CheckpointChoice:
-    moved = tuple(
-        DamagedCheckpoint(
-            d.path,
-            d.file,
-            d.reason,
-            _move_aside(fs, posixpath.join(fs_trial_dir, posixpath.basename(d.path))),
-            d.problem,
-        )
-        for d in choice.damaged
-    )
-    return CheckpointChoice(choice.trial_dir, choice.intact, moved)
+def _kept_aside(
+    fs: Any, fs_trial_dir: str, choice: CheckpointChoice, records: dict[str, tuple[str, str]]
+) -> CheckpointChoice:
+    latest = _index(records.get(posixpath.basename(choice.trial_dir), ("", ""))[1])
+    kept = []
+    for d in choice.damaged:
+        name = posixpath.basename(d.path)
+        moved = _move_aside(fs, posixpath.join(fs_trial_dir, name), copy=_index(name) <= latest)
+        kept.append(DamagedCheckpoint(d.path, d.file, d.reason, moved, d.problem))
+    return CheckpointChoice(choice.trial_dir, choice.intact, tuple(kept))
 
 
-def _trials_resumed_from_a_checkpoint(state: dict[str, Any]) -> list[str]:
-    """The folder names of the trials Tune would restore from a recorded checkpoint on a
-    resume: neither finished nor errored (Tune reruns neither by default)."""
+def _latest_recorded_checkpoints(state: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Trial folder name -> ("resumed" or "done", the folder name of the latest checkpoint
+    Tune recorded for it). "done": finished or errored; the refusal leaves those out."""
+    # Tune's own (private) class reads a trial's run metadata: its format is Tune's.
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
-    names = []
+    records = {}
     for entry in state["trial_data"]:
         status = json.loads(entry[0]).get("status")
-        if status in ("TERMINATED", "ERROR"):
-            continue
         manager: Any = _TrainingRunMetadata.from_json_state(entry[1]).checkpoint_manager
         latest = manager.latest_checkpoint_result if manager is not None else None
         if latest is not None:
-            names.append(_folder_of(latest))
-    return names
-
-
-def _folder_of(result: Any) -> str:
-    return posixpath.basename(posixpath.dirname(result.checkpoint.path.rstrip("/")))
+            trial, name = posixpath.split(latest.checkpoint.path.rstrip("/"))
+            done = status in ("TERMINATED", "ERROR")
+            records[posixpath.basename(trial)] = ("done" if done else "resumed", name)
+    return records
 
 
 def _newest_experiment_state(fs: Any, root: str) -> str:
@@ -341,62 +377,3 @@ def _newest_experiment_state(fs: Any, root: str) -> str:
         )
     # Tune resumes from the newest state file, by name (the name holds its start time).
     return posixpath.join(root, max(names))
-
-
-def _repoint_experiment_state(state: dict[str, Any], choices: dict[str, CheckpointChoice]) -> bool:
-    """Makes each listed trial's latest checkpoint in Tune's experiment state the intact one
-    (none, for a trial with no intact checkpoint: it starts again); True if it changed."""
-    # Tune's own (private) class reads and writes a trial's run metadata, so that its format
-    # round-trips; the rest of the file is plain JSON.
-    from ray.tune.trainable.metadata import _TrainingRunMetadata
-
-    changed = False
-    for entry in state["trial_data"]:
-        metadata = _TrainingRunMetadata.from_json_state(entry[1])
-        manager: Any = metadata.checkpoint_manager
-        if manager is not None and _repoint_trial(manager, choices):
-            metadata.checkpoint_manager = manager  # drops its cached JSON
-            entry[1] = metadata.get_json_state()
-            changed = True
-    return changed
-
-
-def _repoint_trial(manager: Any, choices: dict[str, CheckpointChoice]) -> bool:
-    """Edits one trial's Tune checkpoint manager; True if it changed."""
-    from ray.train import Checkpoint
-    from ray.train._internal.session import _TrainingResult
-
-    def name(result: Any) -> str:
-        return posixpath.basename(result.checkpoint.path.rstrip("/"))
-
-    latest = manager.latest_checkpoint_result
-    if latest is None:
-        return False
-    folder = posixpath.dirname(latest.checkpoint.path.rstrip("/"))
-    choice = choices.get(posixpath.basename(folder))
-    if choice is None:
-        return False
-    damaged = {posixpath.basename(d.path) for d in choice.damaged}
-    if name(latest) not in damaged:
-        return False  # Tune never recorded the damaged ones: it resumes from an intact one
-    if choice.intact is None:
-        # No checkpoint to restore: Tune starts the trial's actor afresh.
-        manager._checkpoint_results = []
-        manager._latest_checkpoint_result = None
-        return True
-    intact_name = posixpath.basename(choice.intact)
-    kept = [r for r in manager._checkpoint_results if name(r) not in damaged]
-    intact = next((r for r in kept if name(r) == intact_name), None)
-    if intact is None:
-        # On disk but no longer in Tune's records: Algorithm.set_state restores the
-        # iteration count from the checkpoint itself.
-        intact = _TrainingResult(
-            checkpoint=Checkpoint(
-                path=posixpath.join(folder, intact_name), filesystem=latest.checkpoint.filesystem
-            ),
-            metrics={},
-        )
-        kept.append(intact)
-    manager._checkpoint_results = kept
-    manager._latest_checkpoint_result = intact
-    return True

@@ -2,7 +2,7 @@
 
 A Ray upgrade that renames a state file, reshapes save_to_path / restore_from_path, or changes
 how Tune names checkpoints or records them must fail here, instead of letting a damaged
-checkpoint half-load or a fallback silently point Tune nowhere.
+checkpoint half-load or a trial restore a damaged checkpoint.
 """
 
 from __future__ import annotations
@@ -60,9 +60,42 @@ def test_save_and_restore_keep_the_signatures_our_overrides_pass_through(cls):
     ]
 
 
-def test_every_algorithm_override_is_a_checkpoint_method():
+def test_the_algorithm_overrides_are_the_checkpoint_methods_and_step():
     overridden = {n for n, v in vars(AmpAlgorithmMixin).items() if callable(v)}
-    assert overridden == {"save_to_path", "restore_from_path"}
+    assert overridden == {"save_to_path", "restore_from_path", "restore", "step"}
+    # step fills the AMP metrics of a result without learner results: RLlib's returns the
+    # iteration's results dict, learner results under LEARNER_RESULTS.
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.utils.metrics import LEARNER_RESULTS
+
+    assert _params(Algorithm.step) == [] and LEARNER_RESULTS == "learners"
+
+
+def test_tune_restores_a_trial_through_trainable_restore_with_its_record():
+    # AmpAlgorithmMixin.restore falls back past a damaged checkpoint: Tune must call it with
+    # its record of the checkpoint (a _TrainingResult whose .checkpoint has filesystem + path).
+    from ray.tune import Trainable
+
+    assert _params(Trainable.restore) == [("checkpoint_path", P.POSITIONAL_OR_KEYWORD)]
+    source = inspect.getsource(TuneController._schedule_trial_restore)
+    assert 'method_name = "restore"' in source
+    assert "args = (checkpoint_result,)" in source
+    assert {"checkpoint", "metrics"} <= set(inspect.signature(_TrainingResult).parameters)
+    # Tune's records hold ray.tune.Checkpoint; the mixin checks for ray.train's, its base.
+    import ray.tune
+
+    assert issubclass(ray.tune.Checkpoint, Checkpoint)
+
+
+def test_tune_cannot_delete_a_recorded_checkpoint_that_was_moved(tmp_path):
+    # Why --resume copies (never moves) the damaged checkpoints Tune holds records of: when
+    # num_to_keep passes a record whose folder is gone, Tune's checkpoint manager raises here,
+    # outside its try, and TuneController._process_trial_save skips the rest of its
+    # bookkeeping (the checkpoint index, the experiment state save).
+    from ray.train._internal.storage import _delete_fs_path
+
+    with pytest.raises(FileNotFoundError):
+        _delete_fs_path(fs.resolve(str(tmp_path))[0], str(tmp_path / "checkpoint_000001"))
 
 
 def test_state_file_names_and_component_keys_we_check():
@@ -82,7 +115,7 @@ def test_tune_checkpoint_and_experiment_state_names():
     assert TuneController.CKPT_FILE_TMPL.format("*") == checkpoint_fallback._EXPERIMENT_STATE_GLOB
 
 
-def test_tune_checkpoint_manager_records_what_the_fallback_edits(tmp_path):
+def test_tune_checkpoint_manager_records_what_the_fallback_reads(tmp_path):
     metadata = _TrainingRunMetadata()
     metadata.checkpoint_manager = _CheckpointManager(CheckpointConfig())
     result = _TrainingResult(checkpoint=Checkpoint(path=str(tmp_path)), metrics={"a": 1})
@@ -90,6 +123,4 @@ def test_tune_checkpoint_manager_records_what_the_fallback_edits(tmp_path):
     manager = _TrainingRunMetadata.from_json_state(
         json.loads(json.dumps(metadata.get_json_state()))
     ).checkpoint_manager
-    assert [r.checkpoint.path for r in manager._checkpoint_results] == [str(tmp_path)]
-    assert manager._latest_checkpoint_result.checkpoint.path == str(tmp_path)
-    assert manager.latest_checkpoint_result is manager._latest_checkpoint_result
+    assert manager.latest_checkpoint_result.checkpoint.path == str(tmp_path)

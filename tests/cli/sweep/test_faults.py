@@ -92,7 +92,8 @@ def _truncate_biggest_file(checkpoint: str) -> None:
 
 
 # About 16 s. In the default run: a damaged latest checkpoint passed over
-# (test_checkpoints.py fallback) and damaged checkpoints refused whole (unit/checkpoints).
+# (integration/checkpoints/test_fallback.py) and damaged checkpoints refused whole
+# (unit/checkpoints).
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_trial(

@@ -170,64 +170,6 @@ def test_appo_checkpoint_round_trip(tmp_path):
         b.stop()
 
 
-def test_resume_falls_back_past_a_damaged_latest_checkpoint(tmp_path):
-    """A trial fails after two checkpoints; the newer is damaged; Tune resumes from the older."""
-    from ray import tune
-
-    from rllib_amp.checkpoints.fallback import resume_from_intact_checkpoints
-
-    marker = tmp_path / "fail_at_iteration_3"
-    marker.touch()
-
-    def fail_at_3(algorithm, result, **kwargs):
-        if result["training_iteration"] == 3 and os.path.exists(marker):
-            raise RuntimeError("injected failure")
-
-    cfg = amp_config("PPO", dtype="float16").callbacks(on_train_result=fail_at_3)
-
-    def tuner(restore):
-        if restore:
-            return tune.Tuner.restore(
-                str(tmp_path / "sweep"), trainable=cfg.algo_class, resume_errored=True
-            )
-        return tune.Tuner(
-            cfg.algo_class,
-            param_space=cfg,
-            run_config=tune.RunConfig(
-                name="sweep",
-                storage_path=str(tmp_path),
-                stop={"training_iteration": 3},
-                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
-                failure_config=tune.FailureConfig(max_failures=0),
-                verbose=0,
-            ),
-        )
-
-    first = tuner(restore=False).fit()
-    assert first[0].error is not None
-    (trial,) = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
-    assert sorted(p.name for p in trial.glob("checkpoint_*")) == [
-        "checkpoint_000000",
-        "checkpoint_000001",
-    ]
-    assert (trial / "checkpoint_000001" / MANIFEST_FILE_NAME).exists()  # Tune saves through us
-    damaged = trial / "checkpoint_000001" / "env_runner" / "state.pkl"
-    damaged.write_bytes(damaged.read_bytes()[:3])
-    marker.unlink()
-
-    (choice,) = resume_from_intact_checkpoints(tmp_path / "sweep")
-    assert choice.intact == str(trial / "checkpoint_000000")
-    assert [d.file for d in choice.damaged] == [str(damaged)]
-
-    second = tuner(restore=True).fit()
-    assert second[0].error is None and second[0].metrics["training_iteration"] == 3
-    with open(trial / "result.json") as f:
-        iterations = [json.loads(line)["training_iteration"] for line in f if line.strip()]
-    # Resumed from iteration 1 (checkpoint_000000), so iteration 2 ran twice.
-    assert iterations == [1, 2, 2, 3]
-    assert (trial / "checkpoint_000001.damaged" / "env_runner" / "state.pkl").exists()
-
-
 def _lr(algo_obj) -> float:
     (optimizer,) = learner(algo_obj)._named_optimizers.values()
     return float(optimizer.param_groups[0]["lr"])

@@ -9,6 +9,7 @@ import pickle
 import socket
 
 import numpy as np
+import pyarrow.fs
 import pytest
 from ray.train import Checkpoint, CheckpointConfig
 from ray.train._internal.checkpoint_manager import _CheckpointManager
@@ -17,8 +18,11 @@ from ray.tune.trainable.metadata import _TrainingRunMetadata
 
 from rllib_amp.checkpoint_files import write_manifest
 from rllib_amp.checkpoints.fallback import (
-    STATE_BACKUP_SUFFIX,
+    KEPT_ASIDE_FILE,
     NoIntactCheckpointError,
+    _move_aside,
+    intact_checkpoint_before,
+    is_kept_aside,
     newest_intact_checkpoint,
     resume_from_intact_checkpoints,
 )
@@ -138,6 +142,15 @@ def test_trial_folder_on_s3_by_pyarrow_uri(tmp_path, monkeypatch):
         }
         assert "runs/sweep/trial/checkpoint_000001.damaged/algorithm_state.pkl" in left
         assert not [p for p in left if p.startswith("runs/sweep/trial/checkpoint_000001/")]
+        # The restore's walk, on the filesystem and path Tune gives it.
+        newer = "runs/sweep/trial/checkpoint_000002"
+        pyarrow.fs.copy_files(
+            str(local / "checkpoint_000001"), newer, destination_filesystem=s3
+        )  # damaged as well
+        assert intact_checkpoint_before(s3, newer) == "runs/sweep/trial/checkpoint_000000"
+        _move_aside(s3, newer, copy=True)
+        assert is_kept_aside(s3, newer)
+        assert s3.get_file_info(newer + ".damaged").type == pyarrow.fs.FileType.Directory
     finally:
         server.stop()
 
@@ -170,13 +183,7 @@ def _experiment(tmp_path, trial_names, finished=()):
     return exp, older, newest
 
 
-def _latest(state_file, index):
-    state = json.loads(state_file.read_text())
-    manager = _TrainingRunMetadata.from_json_state(state["trial_data"][index][1]).checkpoint_manager
-    return manager.latest_checkpoint_result, manager._checkpoint_results
-
-
-def test_resume_points_tunes_experiment_state_at_the_intact_checkpoint(tmp_path, caplog):
+def test_resume_leaves_tunes_experiment_state_and_keeps_the_damaged_checkpoint(tmp_path, caplog):
     exp, older, newest = _experiment(tmp_path, ["trial_a", "trial_b"])
     before_newest, before_older = newest.read_bytes(), older.read_bytes()
     damaged_file = _damage(exp / "trial_a" / "checkpoint_000002")
@@ -187,21 +194,18 @@ def test_resume_points_tunes_experiment_state_at_the_intact_checkpoint(tmp_path,
     by_trial = {os.path.basename(c.trial_dir): c for c in choices}
     assert by_trial["trial_a"].intact == str(exp / "trial_a" / "checkpoint_000001")
     assert by_trial["trial_b"].damaged == ()
-    latest, results = _latest(newest, 0)
-    assert latest.checkpoint.path == str(exp / "trial_a" / "checkpoint_000001")
-    assert latest.metrics == {"training_iteration": 2}
-    assert [os.path.basename(r.checkpoint.path) for r in results] == [
-        "checkpoint_000000",
-        "checkpoint_000001",
-    ]
-    latest_b, results_b = _latest(newest, 1)  # the intact trial is left as it was
-    assert latest_b.checkpoint.path == str(exp / "trial_b" / "checkpoint_000002")
-    assert len(results_b) == 3
-    assert json.loads(newest.read_text())["runner_data"] == {"x": 1}
-    # Kept, not replaced: the old state, the older state file, the damaged checkpoint.
-    assert (exp / (newest.name + STATE_BACKUP_SUFFIX)).read_bytes() == before_newest
-    assert older.read_bytes() == before_older
-    assert (exp / "trial_a" / "checkpoint_000002.damaged" / "algorithm_state.pkl").exists()
+    # Tune's records are not rewritten: the trial's restore falls back by itself.
+    assert newest.read_bytes() == before_newest and older.read_bytes() == before_older
+    assert sorted(p.name for p in exp.iterdir()) == sorted(
+        ["trial_a", "trial_b", older.name, newest.name]
+    )
+    # Tune records checkpoint_000002 as the latest: a copy is kept aside, and the original
+    # is left for Tune to delete when num_to_keep passes it.
+    kept = exp / "trial_a" / "checkpoint_000002.damaged" / "algorithm_state.pkl"
+    assert (
+        kept.read_bytes()
+        == (exp / "trial_a" / "checkpoint_000002" / "algorithm_state.pkl").read_bytes()
+    )
     warnings = [r for r in caplog.records if getattr(r, "amp_event", None) == "checkpoint_fallback"]
     assert [(r.levelname, r.amp_fields) for r in warnings] == [
         (
@@ -215,6 +219,13 @@ def test_resume_points_tunes_experiment_state_at_the_intact_checkpoint(tmp_path,
             },
         )
     ]
+    # What the trial then restores; a second resume says the same and copies nothing again.
+    local = pyarrow.fs.LocalFileSystem()
+    recorded = str(exp / "trial_a" / "checkpoint_000002")
+    assert intact_checkpoint_before(local, recorded) == str(exp / "trial_a" / "checkpoint_000001")
+    (again,) = [c for c in resume_from_intact_checkpoints(exp) if c.damaged]
+    assert again.describe() == by_trial["trial_a"].describe()
+    assert not list(exp.glob("trial_a/*.damaged-*"))
 
 
 def test_resume_with_nothing_damaged_changes_nothing(tmp_path):
@@ -223,7 +234,6 @@ def test_resume_with_nothing_damaged_changes_nothing(tmp_path):
     choices = resume_from_intact_checkpoints(exp)
     assert [c.damaged for c in choices] == [()]
     assert newest.read_bytes() == before
-    assert not (exp / (newest.name + STATE_BACKUP_SUFFIX)).exists()
 
 
 def test_resume_needs_an_experiment_folder(tmp_path):
@@ -248,7 +258,6 @@ def test_a_trial_to_resume_without_an_intact_checkpoint_is_refused_before_any_ch
     assert "\n" not in message
     assert newest.read_bytes() == before
     assert not list(exp.glob("*/*.damaged*"))
-    assert not (exp / (newest.name + STATE_BACKUP_SUFFIX)).exists()
 
 
 def test_a_finished_trial_without_an_intact_checkpoint_does_not_stop_a_resume(tmp_path):
@@ -265,14 +274,16 @@ def test_restart_damaged_starts_a_trial_without_an_intact_checkpoint_again(tmp_p
     for i in range(3):
         _damage(exp / "trial_a" / f"checkpoint_{i:06d}")
     caplog.set_level(logging.WARNING, logger="rllib_amp")
+    before = newest.read_bytes()
     resume_from_intact_checkpoints(exp, restart_damaged=True)
-    latest, results = _latest(newest, 0)
-    assert latest is None and results == []  # Tune has no checkpoint to restore it from
-    latest_b, _ = _latest(newest, 1)
-    assert latest_b.checkpoint.path == str(exp / "trial_b" / "checkpoint_000002")
-    assert sorted(p.name for p in (exp / "trial_a").iterdir()) == [
-        f"checkpoint_{i:06d}.damaged" for i in range(3)
-    ]
+    assert newest.read_bytes() == before
+    names = [f"checkpoint_{i:06d}" for i in range(3)]
+    assert sorted(p.name for p in (exp / "trial_a").iterdir()) == sorted(
+        names + [n + ".damaged" for n in names]
+    )
+    # Its restore finds no intact checkpoint left: the trial starts again.
+    recorded = str(exp / "trial_a" / "checkpoint_000002")
+    assert intact_checkpoint_before(pyarrow.fs.LocalFileSystem(), recorded) is None
     assert [r.getMessage() for r in caplog.records if "from scratch" in r.getMessage()]
 
 
@@ -297,23 +308,51 @@ def test_a_checkpoint_cut_off_before_its_manifest_is_never_the_newest_intact(tmp
     assert newest_intact_checkpoint(tmp_path / "plain").intact == str(plain)
 
 
-def test_a_second_fallback_keeps_the_first_backup(tmp_path):
-    exp, _, newest = _experiment(tmp_path, ["trial_a"])
-    original = newest.read_bytes()
+def test_damaged_checkpoints_newer_than_tunes_record_are_moved_aside(tmp_path):
+    # Saved after Tune's last experiment state (the driver died in between): Tune never
+    # recorded checkpoint_000003 and will write its next checkpoint under that name.
+    exp, _, _ = _experiment(tmp_path, ["trial_a"])
+    unrecorded = exp / "trial_a" / "checkpoint_000003"
+    _checkpoint(unrecorded, 4)
+    _damage(unrecorded)
     _damage(exp / "trial_a" / "checkpoint_000002")
-    resume_from_intact_checkpoints(exp)
-    after_first = newest.read_bytes()
-    assert after_first != original
-    _damage(exp / "trial_a" / "checkpoint_000001")  # the next resume falls back again
+    (choice,) = resume_from_intact_checkpoints(exp)
+    assert choice.intact == str(exp / "trial_a" / "checkpoint_000001")
+    assert not unrecorded.exists() and (exp / "trial_a" / "checkpoint_000003.damaged").is_dir()
+    assert (exp / "trial_a" / "checkpoint_000002").is_dir()  # recorded by Tune: copied
 
-    resume_from_intact_checkpoints(exp)
 
-    latest, _ = _latest(newest, 0)
-    assert latest.checkpoint.path == str(exp / "trial_a" / "checkpoint_000000")
-    backup = exp / (newest.name + STATE_BACKUP_SUFFIX)
-    assert backup.read_bytes() == original
-    assert (exp / (backup.name + ".1")).read_bytes() == after_first
-    assert sorted(p.name for p in exp.glob("*" + STATE_BACKUP_SUFFIX + "*")) == [
-        backup.name,
-        backup.name + ".1",
+def test_intact_checkpoint_before_reads_only_older_checkpoints_not_kept_aside(tmp_path):
+    trial = _trial(tmp_path / "trial", n=4)
+    local = pyarrow.fs.LocalFileSystem()
+    newest = str(trial / "checkpoint_000003")
+    assert intact_checkpoint_before(local, newest) == str(trial / "checkpoint_000002")
+    # Found damaged by a resume (a copy kept aside): not read again.
+    (trial / "checkpoint_000002" / KEPT_ASIDE_FILE).write_text("elsewhere")
+    _damage(trial / "checkpoint_000001")
+    assert intact_checkpoint_before(local, newest) == str(trial / "checkpoint_000000")
+    assert intact_checkpoint_before(local, str(trial / "checkpoint_000000")) is None
+    # A record whose folder is gone still finds the older ones.
+    assert intact_checkpoint_before(local, str(trial / "checkpoint_000009")) == newest
+
+
+def test_a_new_checkpoint_under_a_name_moved_aside_before_is_read_and_kept_on_its_own(tmp_path):
+    # Resume 1 moved the unrecorded, damaged checkpoint_000003 aside; Tune then wrote its
+    # next checkpoint under that name, and it is whole.
+    exp, _, _ = _experiment(tmp_path, ["trial_a"])
+    trial = exp / "trial_a"
+    _checkpoint(trial / "checkpoint_000003.damaged", 4)
+    _checkpoint(trial / "checkpoint_000003", 4)
+    _checkpoint(trial / "checkpoint_000004", 5)
+    local = pyarrow.fs.LocalFileSystem()
+    newest = str(trial / "checkpoint_000004")
+    assert intact_checkpoint_before(local, newest) == str(trial / "checkpoint_000003")
+    # Both damaged later (newer than Tune's record: moved): the old folder keeps its name.
+    _damage(trial / "checkpoint_000003")
+    _damage(trial / "checkpoint_000004")
+    (choice,) = resume_from_intact_checkpoints(exp)  # Tune's record: checkpoint_000002
+    assert choice.intact == str(trial / "checkpoint_000002")
+    assert [d.moved_to for d in choice.damaged] == [
+        str(trial / "checkpoint_000004.damaged"),
+        str(trial / "checkpoint_000003.damaged-2"),
     ]
