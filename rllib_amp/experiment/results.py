@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ray.rllib.core import ALL_MODULES, DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
 from ray.rllib.core.learner import learner as rllib_learner
-from ray.rllib.utils import metrics as M
+from ray.rllib.utils import metrics as rllib_metrics
 from ray.tune import result as tune_result
 
 from rllib_amp.algorithms import algorithm
@@ -67,13 +67,16 @@ _NOT_SUGGESTED = {
     "checkpoint_dir_name",
 }
 # Top-level keys RLlib's Algorithm reports for every algorithm.
-RLLIB_TOP_KEYS = (M.NUM_ENV_STEPS_SAMPLED_LIFETIME, M.NUM_TRAINING_STEP_CALLS_PER_ITERATION)
+RLLIB_TOP_KEYS = (
+    rllib_metrics.NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    rllib_metrics.NUM_TRAINING_STEP_CALLS_PER_ITERATION,
+)
 # Scopes every algorithm reports under (the first part of a flattened key).
 SCOPES = (
-    M.ENV_RUNNER_RESULTS,
-    M.LEARNER_RESULTS,
-    M.TIMERS,
-    M.FAULT_TOLERANCE_STATS,
+    rllib_metrics.ENV_RUNNER_RESULTS,
+    rllib_metrics.LEARNER_RESULTS,
+    rllib_metrics.TIMERS,
+    rllib_metrics.FAULT_TOLERANCE_STATS,
     "perf",
     "env_runner_group",
 )
@@ -93,38 +96,43 @@ LITERAL_LEAVES = (
     "vram_util_percent0",
     rllib_learner.Learner.TOTAL_LOSS_KEY,
 )
-CONNECTOR_GROUPS = (M.ENV_TO_MODULE_CONNECTOR, M.MODULE_TO_ENV_CONNECTOR, M.LEARNER_CONNECTOR)
+CONNECTOR_GROUPS = (
+    rllib_metrics.ENV_TO_MODULE_CONNECTOR,
+    rllib_metrics.MODULE_TO_ENV_CONNECTOR,
+    rllib_metrics.LEARNER_CONNECTOR,
+)
 THROUGHPUT_PARTS = ("throughput_since_last_reduce", "throughput_since_last_restore")
 _NAME = r"[A-Za-z0-9_]+"
 
 
 # Old API stack names that users carry over, and what the new stack reports instead.
+_RUNNERS = rllib_metrics.ENV_RUNNER_RESULTS
 RENAMED = {
-    "timesteps_total": M.NUM_ENV_STEPS_SAMPLED_LIFETIME,
-    "episodes_total": f"{M.ENV_RUNNER_RESULTS}/{M.NUM_EPISODES_LIFETIME}",
-    "episode_reward_mean": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_RETURN_MEAN}",
-    "episode_reward_max": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_RETURN_MAX}",
-    "episode_reward_min": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_RETURN_MIN}",
-    "episode_len_mean": f"{M.ENV_RUNNER_RESULTS}/{M.EPISODE_LEN_MEAN}",
+    "timesteps_total": rllib_metrics.NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    "episodes_total": f"{_RUNNERS}/{rllib_metrics.NUM_EPISODES_LIFETIME}",
+    "episode_reward_mean": f"{_RUNNERS}/{rllib_metrics.EPISODE_RETURN_MEAN}",
+    "episode_reward_max": f"{_RUNNERS}/{rllib_metrics.EPISODE_RETURN_MAX}",
+    "episode_reward_min": f"{_RUNNERS}/{rllib_metrics.EPISODE_RETURN_MIN}",
+    "episode_len_mean": f"{_RUNNERS}/{rllib_metrics.EPISODE_LEN_MEAN}",
 }
 # Suggested for every algorithm: what a stop or a metric is usually meant to be.
 ENV_RUNNER_HEADLINES = (
-    M.EPISODE_RETURN_MEAN,
-    M.EPISODE_RETURN_MAX,
-    M.EPISODE_RETURN_MIN,
-    M.EPISODE_LEN_MEAN,
-    M.EPISODE_LEN_MAX,
-    M.EPISODE_LEN_MIN,
-    M.NUM_EPISODES,
-    M.NUM_EPISODES_LIFETIME,
-    M.NUM_ENV_STEPS_SAMPLED,
-    M.NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    rllib_metrics.EPISODE_RETURN_MEAN,
+    rllib_metrics.EPISODE_RETURN_MAX,
+    rllib_metrics.EPISODE_RETURN_MIN,
+    rllib_metrics.EPISODE_LEN_MEAN,
+    rllib_metrics.EPISODE_LEN_MAX,
+    rllib_metrics.EPISODE_LEN_MIN,
+    rllib_metrics.NUM_EPISODES,
+    rllib_metrics.NUM_EPISODES_LIFETIME,
+    rllib_metrics.NUM_ENV_STEPS_SAMPLED,
+    rllib_metrics.NUM_ENV_STEPS_SAMPLED_LIFETIME,
 )
 ALL_MODULES_HEADLINES = (
-    M.NUM_ENV_STEPS_TRAINED,
-    M.NUM_ENV_STEPS_TRAINED_LIFETIME,
-    M.NUM_MODULE_STEPS_TRAINED,
-    M.NUM_MODULE_STEPS_TRAINED_LIFETIME,
+    rllib_metrics.NUM_ENV_STEPS_TRAINED,
+    rllib_metrics.NUM_ENV_STEPS_TRAINED_LIFETIME,
+    rllib_metrics.NUM_MODULE_STEPS_TRAINED,
+    rllib_metrics.NUM_MODULE_STEPS_TRAINED_LIFETIME,
 )
 
 
@@ -144,7 +152,7 @@ def _rllib_modules(name: str) -> list[object]:
     algo_class = record.config_class().algo_class
     classes = [*(algo_class.__mro__ if algo_class else ()), *record.learner.__mro__]
     names = {c.__module__ for c in classes if c.__module__.startswith("ray.rllib.")}
-    return [M, rllib_learner, *(importlib.import_module(n) for n in sorted(names))]
+    return [rllib_metrics, rllib_learner, *(importlib.import_module(n) for n in sorted(names))]
 
 
 @dataclass(frozen=True)
@@ -183,7 +191,7 @@ class ResultCatalog:
             return rest[0] in config_keys or rest == ["class"]
         if scope not in self.scopes:
             return False
-        if scope == M.LEARNER_RESULTS:
+        if scope == rllib_metrics.LEARNER_RESULTS:
             if rest[0] not in (DEFAULT_MODULE_ID, ALL_MODULES):
                 return False
             rest = rest[1:]
@@ -198,9 +206,9 @@ class ResultCatalog:
             return False
         head = rest[0]
         if head in CONNECTOR_GROUPS:
-            return rest[1:] == [M.CONNECTOR_PIPELINE_TIMER] or (
+            return rest[1:] == [rllib_metrics.CONNECTOR_PIPELINE_TIMER] or (
                 len(rest) == 4
-                and rest[1:3] == [M.TIMERS, M.CONNECTOR_TIMERS]
+                and rest[1:3] == [rllib_metrics.TIMERS, rllib_metrics.CONNECTOR_TIMERS]
                 and re.fullmatch(_NAME, rest[3]) is not None
             )
         base = head.removesuffix("_throughput")
@@ -249,13 +257,13 @@ def catalog(name: str) -> ResultCatalog:
     leaves.update(LITERAL_LEAVES)
     leaves.update(amp_metrics.ALL_KEYS)
     top = {*TUNE_KEYS, *RLLIB_TOP_KEYS, *family.top}
-    module = f"{M.LEARNER_RESULTS}/{DEFAULT_MODULE_ID}"
+    module = f"{rllib_metrics.LEARNER_RESULTS}/{DEFAULT_MODULE_ID}"
     suggestions = [
         *sorted(k for k in top if k not in _NOT_SUGGESTED),
-        *(f"{M.ENV_RUNNER_RESULTS}/{k}" for k in ENV_RUNNER_HEADLINES),
-        f"{M.ENV_RUNNER_RESULTS}/agent_episode_return_mean/{DEFAULT_AGENT_ID}",
-        f"{M.ENV_RUNNER_RESULTS}/module_episode_return_mean/{DEFAULT_MODULE_ID}",
-        *(f"{M.LEARNER_RESULTS}/{ALL_MODULES}/{k}" for k in ALL_MODULES_HEADLINES),
+        *(f"{rllib_metrics.ENV_RUNNER_RESULTS}/{k}" for k in ENV_RUNNER_HEADLINES),
+        f"{rllib_metrics.ENV_RUNNER_RESULTS}/agent_episode_return_mean/{DEFAULT_AGENT_ID}",
+        f"{rllib_metrics.ENV_RUNNER_RESULTS}/module_episode_return_mean/{DEFAULT_MODULE_ID}",
+        *(f"{rllib_metrics.LEARNER_RESULTS}/{ALL_MODULES}/{k}" for k in ALL_MODULES_HEADLINES),
         *(f"{module}/{k}" for k in amp_metrics.ALL_KEYS),
         f"{module}/{rllib_learner.Learner.TOTAL_LOSS_KEY}",
         *(f"{module}/{k}" for k in family.learner),

@@ -26,7 +26,7 @@ from typing import Any
 from ray.rllib.utils.metrics.metrics_logger import DEFAULT_STATS_CLS_LOOKUP
 from ray.rllib.utils.metrics.stats import ItemStats
 
-from rllib_amp.learner import metrics as M
+from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.log_events import event
 from rllib_amp.scaling.scaler import PolicyScaler
 
@@ -89,31 +89,31 @@ def report_update(
     if merged_results and lookup is not None:
         lookup.setdefault(LAST, LastItemStats)
     reduce_by_key: dict[str, dict[str, Any]] = {
-        M.GRAD_SCALE: {"reduce": LAST if merged_results else "item"},
-        M.SKIP_FRACTION: {"window": 1},
-        M.SKIP_WARNING: {"reduce": "max"},  # over the iteration's updates (and learners)
+        amp_metrics.GRAD_SCALE: {"reduce": LAST if merged_results else "item"},
+        amp_metrics.SKIP_FRACTION: {"window": 1},
+        amp_metrics.SKIP_WARNING: {"reduce": "max"},  # over the iteration's updates (and learners)
     }
     for module_id, scaler in scalers.items():
         steps, skipped = scaler.pop_window()
         values = _lifetime_values(scaler)
         if steps:
             # Averaged over an iteration's updates (each the same number of steps).
-            values[M.SKIP_FRACTION] = skipped / steps
+            values[amp_metrics.SKIP_FRACTION] = skipped / steps
         warn = scaler.check_persistent_skips(steps, skipped)
-        values[M.SKIP_WARNING] = 1.0 if warn else 0.0
+        values[amp_metrics.SKIP_WARNING] = 1.0 if warn else 0.0
         for key, value in values.items():
             metrics.log_value((module_id, key), value, **reduce_by_key.get(key, _COUNTER))
         if warn:
             _warn_persistent_skips(module_id, scaler, skipped / steps)
-        M.publish(values, trial=trial, module=module_id)
+        amp_metrics.publish(values, trial=trial, module=module_id)
 
 
 def _lifetime_values(scaler: PolicyScaler) -> dict[str, float]:
     return {
-        M.GRAD_SCALE: scaler.get_scale(),
-        M.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
-        M.OPTIMIZER_STEPS_LIFETIME: scaler.optimizer_steps_lifetime,
-        M.NONFINITE_LOSS_STEPS_LIFETIME: scaler.nonfinite_loss_steps_lifetime,
+        amp_metrics.GRAD_SCALE: scaler.get_scale(),
+        amp_metrics.SKIPPED_STEPS_LIFETIME: scaler.skipped_steps_lifetime,
+        amp_metrics.OPTIMIZER_STEPS_LIFETIME: scaler.optimizer_steps_lifetime,
+        amp_metrics.NONFINITE_LOSS_STEPS_LIFETIME: scaler.nonfinite_loss_steps_lifetime,
     }
 
 
@@ -130,7 +130,11 @@ def values_without_an_update(scalers: Mapping[str, PolicyScaler]) -> dict[str, d
         8.0
     """
     return {
-        module_id: {**_lifetime_values(scaler), M.SKIP_FRACTION: 0.0, M.SKIP_WARNING: 0.0}
+        module_id: {
+            **_lifetime_values(scaler),
+            amp_metrics.SKIP_FRACTION: 0.0,
+            amp_metrics.SKIP_WARNING: 0.0,
+        }
         for module_id, scaler in scalers.items()
     }
 

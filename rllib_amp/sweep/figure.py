@@ -27,14 +27,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rllib_amp.learner import metrics as M
+from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.groups import Group
 from rllib_amp.sweep.summary import STEPS_KEY, amp_metric_key, history, target
 
 FILE = "sweep.png"
-SCALE = amp_metric_key(M.GRAD_SCALE)
-SKIP = amp_metric_key(M.SKIP_FRACTION)
+SCALE = amp_metric_key(amp_metrics.GRAD_SCALE)
+SKIP = amp_metric_key(amp_metrics.SKIP_FRACTION)
 
 
 def curves(grid: Any, keys: Sequence[str]) -> dict[Any, dict[str, list[float]]]:

@@ -222,10 +222,10 @@ def amp_blocks(grid: Any, amp_key: Sequence[str]) -> dict[Any, dict[str, Any]]:
 def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str) -> None:
     """Prints the recommended ``amp:`` block and the reason, and writes the file."""
     from rllib_amp.settings import AMP_CONFIG_KEY
-    from rllib_amp.sweep import groups as G
+    from rllib_amp.sweep import groups
 
     rec = recommend(
-        G.of_experiment(exp, rows),
+        groups.of_experiment(exp, rows),
         metric=exp.tune["metric"],
         base=exp.data["amp"],
         configs=amp_blocks(grid, ("learner_config_dict", AMP_CONFIG_KEY)),

@@ -27,7 +27,7 @@ from typing import Any
 
 from rllib_amp.checks import is_number
 from rllib_amp.cli import root_error
-from rllib_amp.learner import metrics as M
+from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.settings import AMP_CONFIG_KEY
 from rllib_amp.sweep import storage as S
 
@@ -132,7 +132,7 @@ def lineage(frame: Any) -> Any:
 
 def _late_scales(frame: Any) -> list[float]:
     """The finite grad scales of the last quarter of a history (at least its last result)."""
-    key = amp_metric_key(M.GRAD_SCALE)
+    key = amp_metric_key(amp_metrics.GRAD_SCALE)
     if frame is None or key not in frame.columns:
         return []
     values = [float(v) for v in frame[key].tolist() if is_number(v) and math.isfinite(v)]
@@ -221,11 +221,15 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
                 "training_iteration": final.get("training_iteration"),
                 "env_steps": steps,
                 exp.tune["metric"]: _metric(final, exp.tune["metric"]),
-                "grad_scale": _metric(final, amp_metric_key(M.GRAD_SCALE)),
-                "skip_fraction": _metric(final, amp_metric_key(M.SKIP_FRACTION)),
-                "skipped_steps": _metric(final, amp_metric_key(M.SKIPPED_STEPS_LIFETIME)),
-                "optimizer_steps": _metric(final, amp_metric_key(M.OPTIMIZER_STEPS_LIFETIME)),
-                "settled_scale": settled_scale(frame, _metric(final, amp_metric_key(M.GRAD_SCALE))),
+                "grad_scale": _metric(final, amp_metric_key(amp_metrics.GRAD_SCALE)),
+                "skip_fraction": _metric(final, amp_metric_key(amp_metrics.SKIP_FRACTION)),
+                "skipped_steps": _metric(final, amp_metric_key(amp_metrics.SKIPPED_STEPS_LIFETIME)),
+                "optimizer_steps": _metric(
+                    final, amp_metric_key(amp_metrics.OPTIMIZER_STEPS_LIFETIME)
+                ),
+                "settled_scale": settled_scale(
+                    frame, _metric(final, amp_metric_key(amp_metrics.GRAD_SCALE))
+                ),
                 "scale_swing": scale_swing(frame),
                 "env_steps_per_s": (steps / total) if steps and total else None,
                 "checkpoint": _checkpoint_location(result.checkpoint, storage),
@@ -260,7 +264,7 @@ def skip_warnings(frame: Any, final: dict[str, Any], cfg: dict[str, Any]) -> dic
     log, which the CLI does not show): ``skip_warnings``, in how many iterations;
     ``skip_warning_iteration``, the first; ``skip_advice``, what to change (the learner's own
     advice, from the trial's AMP settings and its final metrics), None without a warning."""
-    key = amp_metric_key(M.SKIP_WARNING)
+    key = amp_metric_key(amp_metrics.SKIP_WARNING)
     none = {"skip_warnings": 0, "skip_warning_iteration": None, "skip_advice": None}
     if frame is None or key not in frame.columns:
         return none
@@ -270,10 +274,10 @@ def skip_warnings(frame: Any, final: dict[str, Any], cfg: dict[str, Any]) -> dic
     from rllib_amp.learner import report
 
     settings = _amp_settings(cfg)
-    scale = _metric(final, amp_metric_key(M.GRAD_SCALE))
+    scale = _metric(final, amp_metric_key(amp_metrics.GRAD_SCALE))
     dtype = getattr(settings, "dtype", None)
     scaling = dtype == "float16" or (is_number(scale) and scale != 1.0 and dtype != "bfloat16")
-    nonfinite = _metric(final, amp_metric_key(M.NONFINITE_LOSS_STEPS_LIFETIME))
+    nonfinite = _metric(final, amp_metric_key(amp_metrics.NONFINITE_LOSS_STEPS_LIFETIME))
     cause = report.skip_cause(nonfinite_loss_steps=nonfinite or 0, scaling=scaling)
     first: Any = None
     if "training_iteration" in warned.columns:

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from rllib_amp.cli import STOP_SIGNALS, Interrupted, root_error, silence_closed_terminal
-from rllib_amp.learner import metrics as M
+from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.summary import amp_metric_key, config_path
@@ -44,8 +44,8 @@ def progress_reporter(exp: Any) -> Any:
     columns = {
         "training_iteration": "iter",
         exp.tune["metric"]: "return" if "return" in exp.tune["metric"] else exp.tune["metric"],
-        amp_metric_key(M.GRAD_SCALE): "grad scale",
-        amp_metric_key(M.SKIP_FRACTION): "skip frac",
+        amp_metric_key(amp_metrics.GRAD_SCALE): "grad scale",
+        amp_metric_key(amp_metrics.SKIP_FRACTION): "skip frac",
         "env_runners/num_env_steps_sampled_lifetime_throughput/throughput_since_last_reduce": (
             "env steps/s"
         ),
