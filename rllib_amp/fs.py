@@ -6,10 +6,10 @@ A location is a local path (``~`` expanded, made absolute) or a URI pyarrow open
 (``C:/runs``), not a URI. Everything above this module reads and writes files through these
 functions, so local folders and object stores behave alike.
 
-Remote filesystems are opened with timeouts (``RLLIB_AMP_REMOTE_TIMEOUT_S``, default 30 s): an
-S3 endpoint that never answers, or GCS retrying a credentials lookup, ends in an OSError
-instead of a hang of minutes; ``probe`` checks a location within that time, on a helper
-thread, so Ctrl-C still works while it waits.
+Remote filesystems are built with pyarrow's own bounds (``RLLIB_AMP_REMOTE_TIMEOUT_S``, default
+30 s): S3's connect and request timeouts with a bounded retry strategy, GCS's retry time
+limit. An S3 endpoint that never answers, or GCS retrying a credentials lookup, ends in an
+OSError within about that time instead of a hang of minutes; ``probe`` names it.
 
 Example:
     >>> is_uri("s3://bucket/exp"), is_uri("C:/runs"), is_uri("runs:2")
@@ -29,15 +29,11 @@ import os
 import pickle
 import posixpath
 import re
-import signal
-import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow.fs
-
-T = TypeVar("T")
 
 # Tune's checkpoint folder names (StorageContext): ``checkpoint_000003``, nothing after the
 # number, so a folder moved aside (``checkpoint_000003.damaged``) is never one.
@@ -46,12 +42,13 @@ CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
 STATE_FORMATS: tuple[str, ...] = (".pkl", ".msgpack", ".json")
 # pyarrow's filesystem type names that differ from the URI scheme users write.
 _SCHEMES = {"gcs": "gs"}
-# How long one remote access may stay unanswered before it fails: pyarrow's S3 connect and
-# inactivity timeouts (a third of it each, as the S3 client tries 3 times), GCS's retry
-# limit, and ``probe``'s wait. Without it an S3 endpoint that accepts and never answers
-# holds a call for 100 s, and GCS retries a failing credentials lookup for 15 minutes.
+# How long one remote call may stay unanswered before it fails: pyarrow's S3 connect and
+# inactivity timeouts (a third of it each, as the S3 client tries REMOTE_ATTEMPTS times),
+# GCS's retry limit. Without it an S3 endpoint that accepts and never answers holds a call
+# for 100 s, and GCS retries a failing credentials lookup for 15 minutes.
 REMOTE_TIMEOUT_ENV = "RLLIB_AMP_REMOTE_TIMEOUT_S"
 DEFAULT_REMOTE_TIMEOUT_S = 30.0
+REMOTE_ATTEMPTS = 3
 
 
 class RemoteTimeout(TimeoutError):
@@ -152,8 +149,10 @@ def resolve(location: Any, filesystem: pyarrow.fs.FileSystem | None = None) -> t
 
 
 def _with_timeouts(fs: Any) -> Any:
-    """The same filesystem with bounded waits. pyarrow takes no timeouts in an S3 URI's
-    query, so the filesystem is built again from its own arguments (what pickling uses)."""
+    """The same filesystem with pyarrow's own bounds on each call: S3's connect and request
+    timeouts and a retry strategy of ``REMOTE_ATTEMPTS`` tries, GCS's retry time limit.
+    pyarrow takes none of them in an S3 URI's query, so the filesystem is built again from
+    its own arguments (what pickling uses)."""
     timeout = remote_timeout_s()
     kind = type(fs).__name__
     if kind not in ("S3FileSystem", "GcsFileSystem"):
@@ -162,126 +161,41 @@ def _with_timeouts(fs: Any) -> Any:
     if kind == "S3FileSystem":
         for key in ("connect_timeout", "request_timeout"):
             if kwargs.get(key) is None or kwargs[key] < 0:
-                kwargs[key] = timeout / 3
-    elif kwargs.get("retry_time_limit") is None:  # GCS (?retry_limit_seconds= sets it)
+                kwargs[key] = timeout / REMOTE_ATTEMPTS
+        retry = pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=REMOTE_ATTEMPTS)
+        return pyarrow.fs.S3FileSystem(**kwargs, retry_strategy=retry)
+    if kwargs.get("retry_time_limit") is None:  # GCS (?retry_limit_seconds= sets it)
         kwargs["retry_time_limit"] = datetime.timedelta(seconds=max(1, round(timeout)))
     return reconstruct(kwargs)
 
 
-def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -> T:
-    """``call()``, or RemoteTimeout naming ``where`` when it has not returned within
-    ``timeout_s`` (default ``remote_timeout_s()``).
-
-    The call runs on a helper thread and this one waits: Ctrl-C (or SIGTERM, raised as
-    ``rllib_amp.cli.Interrupted``) ends the wait at once, which a thread inside a blocking
-    pyarrow call would not notice. A call that times out is left to end on its own (its
-    filesystem's own timeouts end it); a command ends its process without waiting for it
-    (``rllib_amp.cli.exit_command``, ``calls_left_running``). Interrupted in a command's process
-    (``rllib_amp.cli.may_end_process``), the KeyboardInterrupt propagates and the process
-    ends at exit with 128 + the signal without waiting for the call; in a library call,
-    RemoteCallInterrupted is raised and nothing ends the caller's process.
-
-    Example:
-        >>> bounded(lambda: 42, "nowhere", timeout_s=5)
-        42
-    """
-    timeout = remote_timeout_s() if timeout_s is None else timeout_s
-    box: dict[str, Any] = {}
-    # An Event, not Thread.join: a join interrupted by Ctrl-C marks a running thread as
-    # stopped (Python 3.11), and whether the call still runs is what matters at exit.
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=run, name=f"rllib-amp access to {where}", daemon=True)
-    thread.start()
-    try:
-        finished = done.wait(timeout)
-    except KeyboardInterrupt as e:
-        from rllib_amp import cli
-
-        if not cli.may_end_process():  # a library call: the caller's process is its own
-            raise RemoteCallInterrupted(where, e) from e
-        signum = int(getattr(e, "signum", signal.SIGINT))  # cli.Interrupted: SIGTERM too
-        _exit_without_waiting_for(done, cli.signal_exit_status(signum))
-        raise
-    if not finished:
-        # A command ends without waiting (cli.exit_command); calls that ended are dropped.
-        _left_running[:] = [*(d for d in _left_running if not d.is_set()), done]
-        raise RemoteTimeout(f"no answer from {where} within {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+# What pyarrow's S3 client (curl) says when a call ran out of time rather than was refused.
+_TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out|deadline", re.IGNORECASE)
 
 
-# ``done`` of each call ``bounded`` stopped waiting for: the call may still run on its thread.
-_left_running: list[threading.Event] = []
+def probe(location: str) -> None:
+    """Opens a URI's filesystem and asks it about ``location``: the pyarrow OSError (a closed
+    port, no credentials, no libjvm for hdfs://), or RemoteTimeout when the remote gave no
+    answer within the remote timeout (``remote_timeout_s``). Local paths are not probed. A
+    missing path is fine.
 
-
-def calls_left_running() -> int:
-    """How many remote calls ``bounded`` stopped waiting for still run on their threads.
-
-    Example:
-        >>> calls_left_running()
-        0
-    """
-    return sum(not done.is_set() for done in _left_running)
-
-
-class RemoteCallInterrupted(KeyboardInterrupt):
-    """A signal ended the wait for a remote call in a library call (``bounded``): the call
-    still runs on its daemon thread until its filesystem's own timeouts end it, and pyarrow's
-    exit handler may wait for it when the interpreter exits. ``signum`` is the signal's."""
-
-    def __init__(self, where: str, interrupt: BaseException) -> None:
-        super().__init__(
-            f"interrupted while waiting for {where}; the call still runs on a daemon thread "
-            f"until its filesystem gives up (at most {REMOTE_TIMEOUT_ENV} a try)"
-        )
-        self.where = where
-        self.signum = int(getattr(interrupt, "signum", signal.SIGINT))
-
-
-def _exit_without_waiting_for(done: threading.Event, status: int) -> None:
-    """At interpreter exit, ends the process at once with ``status`` if a remote call is
-    still running (``done`` not set): pyarrow's exit handler would otherwise wait for that
-    call to give up (minutes, with a long remote timeout) after the user pressed Ctrl-C.
-    Registered last, so it runs before pyarrow's own handler (and skips the handlers
-    registered before it: only a command's own process, ``rllib_amp.cli.may_end_process``,
-    asks for it); output is flushed first."""
-    import atexit
-
-    def end_now() -> None:
-        if not done.is_set():
-            from rllib_amp import cli
-
-            cli.end_process_now(status)
-
-    atexit.register(end_now)
-
-
-def probe(location: str, timeout_s: float | None = None) -> None:
-    """Opens a URI's filesystem and asks it about ``location``, within ``timeout_s``: the
-    pyarrow OSError (a closed port, no credentials, no libjvm for hdfs://) or RemoteTimeout
-    when the remote cannot be used. Local paths are not probed. A missing path is fine.
+    The call is pyarrow's own, bounded by the filesystem's timeouts (``resolve``): Ctrl-C or
+    SIGTERM during it takes effect when it returns, within one remote timeout.
 
     Example:
         >>> probe("/no/such/folder")  # local: nothing to reach
     """
     if not is_uri(location):
         return
-
-    def ask() -> None:
-        fs, path = resolve(location)
+    fs, path = resolve(location)
+    try:
         fs.get_file_info(path)
-
-    bounded(ask, location, timeout_s)
+    except OSError as e:
+        if _TIMED_OUT.search(str(e)):
+            raise RemoteTimeout(
+                f"no answer from {location} within {remote_timeout_s():g} s"
+            ) from None
+        raise
 
 
 def error_line(e: BaseException) -> str:

@@ -34,7 +34,6 @@ from typing import Any
 from rllib_amp.cli import (
     Parser,
     UsageError,
-    exit_command,
     interrupted_line,
     main_wrapper,
     may_end_process,
@@ -548,4 +547,4 @@ def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
 
 if __name__ == "__main__":
     run_as_command()  # this process is the command (as python -m rllib_amp.tune)
-    exit_command(main())
+    sys.exit(main())
