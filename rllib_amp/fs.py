@@ -23,14 +23,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fnmatch
 import json
 import os
 import pickle
 import posixpath
 import re
+import secrets
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow.fs
@@ -99,6 +102,29 @@ def join(location: str, *parts: str) -> str:
         return os.path.join(location, *parts)
     u = urllib.parse.urlparse(location)
     return urllib.parse.urlunparse(u._replace(path=posixpath.join(u.path or "/", *parts)))
+
+
+def to_uri(location: str, fs_path: str) -> str:
+    """A path on ``location``'s filesystem (as Tune reports checkpoints) as a full location
+    with ``location``'s scheme and query, so it can be pasted back into the CLI.
+
+    pyarrow's paths start with the bucket (``s3://``, ``gs://``) or the container
+    (``abfs://container@account...``); filesystems addressed by host (``hdfs://``) and
+    ``file://`` give absolute paths.
+
+    Example:
+        >>> to_uri("s3://b/exp?endpoint_override=127.0.0.1:9000", "b/exp/t/checkpoint_000001")
+        's3://b/exp/t/checkpoint_000001?endpoint_override=127.0.0.1:9000'
+    """
+    if not is_uri(location):
+        return fs_path
+    u = urllib.parse.urlparse(location)
+    if fs_path.startswith("/"):
+        return urllib.parse.urlunparse(u._replace(path=fs_path))
+    first, _, rest = fs_path.partition("/")
+    named = {u.netloc, u.netloc.split("@", 1)[0], u.netloc.rsplit("@", 1)[-1]}
+    netloc = u.netloc if first in named else first
+    return urllib.parse.urlunparse(u._replace(netloc=netloc, path="/" + rest if rest else ""))
 
 
 def local_path(location: str) -> str:
@@ -276,6 +302,67 @@ def write_bytes(fs: Any, fs_path: str, data: bytes) -> None:
         fs.create_dir(parent, recursive=True)
     with fs.open_output_stream(fs_path) as out:
         out.write(data)
+
+
+def delete_file(fs: Any, fs_path: str) -> None:
+    """Removes one file; a file already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(fs_path)
+
+
+# The marker ``write_probe`` writes: never a name Tune or RLlib uses.
+PROBE_PREFIX = ".rllib-amp-storage-check-"
+
+
+@contextlib.contextmanager
+def write_probe(location: str) -> Iterator[tuple[str, bytes]]:
+    """The one write check: writes a marker of random content into ``location`` and yields
+    ``(the marker's location, its content)`` for the caller to read back (on this machine,
+    or from every node); removes it on the way out, with the folder the write made (a local
+    ``location`` that did not exist: only while empty). Raises what pyarrow raises when the
+    write fails (a missing bucket, no credentials, a read-only or full disk).
+
+    Example:
+        >>> import tempfile
+        >>> with write_probe(tempfile.mkdtemp()) as (marker, token):
+        ...     read_bytes(*resolve(marker)) == token
+        True
+    """
+    fs, root = resolve(location)
+    made = not is_uri(location) and not exists(fs, root)
+    name = PROBE_PREFIX + secrets.token_hex(8)
+    marker, token = join(location, name), secrets.token_bytes(16)
+    try:
+        write_bytes(fs, posixpath.join(root, name), token)
+        yield marker, token
+    finally:
+        with contextlib.suppress(OSError):
+            delete_file(fs, posixpath.join(root, name))
+            if made and not fs.get_file_info(pyarrow.fs.FileSelector(root)):
+                fs.delete_dir(root)  # only while empty: nothing of anyone else's goes
+
+
+# Tune's experiment state files (TuneController.CKPT_FILE_TMPL): the newest by name (the name
+# holds the start time) is the one Tune resumes from.
+EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
+
+
+def experiment_state_file(fs: Any, root: str) -> str | None:
+    """The path of the newest Tune experiment state file directly in ``root`` (an experiment
+    folder), or None when there is none (a missing ``root`` included). The one reader of
+    where Tune keeps its experiment state.
+
+    Example:
+        >>> experiment_state_file(pyarrow.fs.LocalFileSystem(), "/no/such/experiment")
+    """
+    selector = pyarrow.fs.FileSelector(root, allow_not_found=True, recursive=False)
+    names = [
+        info.base_name
+        for info in fs.get_file_info(selector)
+        if info.type == pyarrow.fs.FileType.File
+        and fnmatch.fnmatch(info.base_name, EXPERIMENT_STATE_GLOB)
+    ]
+    return posixpath.join(root, max(names)) if names else None
 
 
 def create_exclusive(fs: Any, fs_path: str, data: bytes) -> bool:

@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rllib_amp import fs as files
 from rllib_amp.cli import (
     Parser,
     UsageError,
@@ -41,6 +42,7 @@ from rllib_amp.cli import (
     run_as_command,
     signal_exit_status,
 )
+from rllib_amp.sweep import lock as experiment_lock
 from rllib_amp.sweep import loggers
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import storage as S
@@ -193,10 +195,10 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
         return 0
     spec = R.run_spec(exp, args.num_samples)
     if args.resume:
-        R.check_unchanged(S.join(storage, str(name)), spec, args.accept_changes)
+        R.check_unchanged(files.join(storage, str(name)), spec, args.accept_changes)
     if args.dry_run:
         name = name or R.timestamped(exp.name)  # --dry-run touches no storage
-        _print_dry_run(exp, S.join(storage, name), trials, checked)
+        _print_dry_run(exp, files.join(storage, name), trials, checked)
         return 0
 
     address, where = ray_address(args)
@@ -206,7 +208,7 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
     from rllib_amp.sweep import tuner as T
 
     # A second signal must not cut the summary short either; the lock outlives both.
-    with R.locks_released(), T.StopOnSignals() as stop:
+    with experiment_lock.locks_released(), T.StopOnSignals() as stop:
         # Only the command's own process may be ended when the sweep is stuck on a dead Ray;
         # a library call (a notebook, a service, a worker thread) gets RayDied instead.
         end_process = may_end_process()
@@ -217,10 +219,10 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
         )
         try:
             if name is not None:  # a new run's name is locked as it is taken
-                R.lock(storage, name, "--resume" if args.resume else "--name")
+                experiment_lock.lock(storage, name, "--resume" if args.resume else "--name")
             if args.resume and name is not None:  # choose_name gives a name to resume
                 # Before Ray starts: a trial with no intact checkpoint left is exit 2 at once.
-                R.fall_back_to_intact_checkpoints(S.join(storage, name), args.restart_damaged)
+                R.fall_back_to_intact_checkpoints(files.join(storage, name), args.restart_damaged)
                 stop.resume_command = R.resume_command(args, exp, name, storage)
             with watch:
                 exp, name, grid, stopped = _tune(
@@ -272,8 +274,8 @@ def _ray_died_stuck(stop: Any, end_process: bool, what: str) -> None:
         stop.raise_ray_died()
         return
     _say(_ray_died_line(stop))
-    for location in list(R._held):
-        R.unlock(location)
+    for location in list(experiment_lock._held):
+        experiment_lock.unlock(location)
     if stop.started_ray:
         with contextlib.suppress(Exception):
             end_local_ray()
@@ -380,9 +382,9 @@ def _tune(
             with S.keep_files_whole():  # a disk that fills up keeps each file's last whole copy
                 grid, interrupted = T.fit(tuner)
         except OSError as e:  # Tune reading back a storage that failed under the trials?
-            if not S.failed(e, S.join(storage, name)):
+            if not S.failed(e, files.join(storage, name)):
                 raise
-            raise S.StorageFailed(S.join(storage, name), e) from None
+            raise S.StorageFailed(files.join(storage, name), e) from None
         except (KeyboardInterrupt, RayDied):  # before Tune's loop: no experiment state saved
             if not args.resume and _discard_unstarted(storage, name):
                 stop.resume_command = None
@@ -399,16 +401,12 @@ def _discard_unstarted(storage: str, name: str) -> bool:
     """A new run stopped before Tune's loop holds no experiment state, so ``--resume`` could
     not continue it: what it wrote (Tune's tuner.pkl, experiment.yaml, its lock) goes, and the
     same command starts it again. True once it is gone; a run whose state Tune saved stays."""
-    import pyarrow.fs as pafs
-
-    exp_dir = S.join(storage, name)
     try:
-        fs, path = S.filesystem(exp_dir)
-        entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        if any(e.base_name.startswith("experiment_state-") for e in entries):
+        fs, path = files.resolve(files.join(storage, name))
+        if files.experiment_state_file(fs, path) is not None:
             return False
         fs.delete_dir(path)
-    except (OSError, S.StorageError):
+    except (OSError, ValueError):
         return False
     return True
 
@@ -418,7 +416,7 @@ def _build_tuner(
 ) -> Any:
     from rllib_amp.sweep import tuner as T
 
-    exp_dir = S.join(storage, name)
+    exp_dir = files.join(storage, name)
     try:
         tuner = T.build_tuner(exp, args, storage, name, restore=args.resume)
     except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
@@ -433,7 +431,7 @@ def _build_tuner(
             f"in the file or the --set values"
         ) from None
     if not args.resume:
-        S.write_bytes(S.join(exp_dir, R.EXPERIMENT_FILE), R.dump(spec))
+        files.write_bytes(*files.resolve(files.join(exp_dir, R.EXPERIMENT_FILE)), R.dump(spec))
     return tuner
 
 
@@ -452,17 +450,17 @@ def _report(
     stopped it (130 SIGINT, 143 SIGTERM)."""
     from rllib_amp.sweep import figure, groups, recommend, summary
 
-    exp_dir = S.join(storage, name)
+    exp_dir = files.join(storage, name)
     rows = summary.summarize(exp, grid, storage)
     fault = summary.storage_fault(exp_dir, rows)
     if fault is not None:  # said once; only the results are tried on a storage that fails
         print(summary.format_table(exp, rows))
-        if summary.try_write_parquet(rows, S.join(exp_dir, RESULTS_FILE)):
-            print(f"Results: {S.join(exp_dir, RESULTS_FILE)}")
+        if summary.try_write_parquet(rows, files.join(exp_dir, RESULTS_FILE)):
+            print(f"Results: {files.join(exp_dir, RESULTS_FILE)}")
         resume = R.resume_command(args, exp, name, storage)
         _say(f"{fault}; free space or fix the storage, then continue with: {resume}")
         return signal_exit_status(interrupted) if interrupted else 1
-    parquet = S.join(exp_dir, RESULTS_FILE)
+    parquet = files.join(exp_dir, RESULTS_FILE)
     summary.write_parquet(rows, parquet)
     print()
     threshold = summary.target(exp)

@@ -17,19 +17,19 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import os
+import posixpath
 import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from rllib_amp import fs as files
 from rllib_amp.checks import is_number
 from rllib_amp.cli import root_error
 from rllib_amp.learner import metrics as M
 from rllib_amp.settings import AMP_CONFIG_KEY
-from rllib_amp.sweep import storage as S
 
 MODULE_ID = "default_policy"
 STEPS_KEY = "num_env_steps_sampled_lifetime"
@@ -59,18 +59,20 @@ def config_path(dotted: str, config: dict[str, Any]) -> tuple[str, ...]:
     return (head, *parts[1:])
 
 
-def _dig(d: Any, path: Sequence[str]) -> Any:
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return None
-        d = d[key]
-    return d
+def _lookup(d: dict[str, Any], path: Sequence[str]) -> Any:
+    """``d[path[0]][path[1]]...``, or None where a key is missing."""
+    from ray.tune.utils import unflattened_lookup
+
+    try:
+        return unflattened_lookup("/".join(path), d, default=None)
+    except (TypeError, ValueError, IndexError):  # a leaf met before the path ended
+        return None
 
 
 def _metric(result: dict[str, Any] | None, key: str) -> Any:
     if not result:
         return None
-    value = result[key] if key in result else _dig(result, key.split("/"))
+    value = _lookup(result, key.split("/"))
     # RLlib reduces metrics with numpy: a numpy scalar is no int or float to is_number.
     return value.item() if hasattr(value, "item") and not isinstance(value, Sequence) else value
 
@@ -206,7 +208,7 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
         final = result.metrics or {}
         row: dict[str, Any] = {"trial_id": final.get("trial_id") or _trial_id(result.path)}
         for key in exp.search:
-            row[key] = _dig(cfg, config_path(key, cfg))
+            row[key] = _lookup(cfg, config_path(key, cfg))
         seed = cfg.get("seed")
         row["seed"] = seed if seed is not None else exp.data.get("seed")
         row["base_seed"] = exp.data.get("seed")
@@ -289,7 +291,7 @@ def _amp_settings(cfg: dict[str, Any]) -> Any:
     from rllib_amp.settings import AmpSettings
 
     try:
-        return AmpSettings.from_dict(_dig(cfg, ("learner_config_dict", AMP_CONFIG_KEY)))
+        return AmpSettings.from_dict(_lookup(cfg, ("learner_config_dict", AMP_CONFIG_KEY)))
     except Exception:  # noqa: BLE001 - the advice then names no values
         return None
 
@@ -329,7 +331,7 @@ def _trial_id(trial_dir: str | None) -> str | None:
 def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:
     if checkpoint is None:
         return None
-    return S.to_uri(storage, checkpoint.path) if storage else checkpoint.path
+    return files.to_uri(storage, checkpoint.path) if storage else checkpoint.path
 
 
 def format_value(v: Any) -> str:
@@ -449,24 +451,20 @@ def try_write_parquet(rows: list[dict[str, Any]], path: str) -> bool:
     of the file left behind, when the write fails too."""
     try:
         write_parquet(rows, path)
-    except (OSError, S.StorageError):
-        with contextlib.suppress(OSError, S.StorageError):
-            S.delete_file(path)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            files.delete_file(*files.resolve(path))
         return False
     return True
 
 
 def _write_refused(exp_dir: str) -> str | None:
     """Why a small file cannot be written to (and removed from) ``exp_dir`` now, or None."""
-    marker = S.join(exp_dir, f".rllib-amp-storage-check-{os.getpid()}")
     try:
-        S.write_bytes(marker, b"x")
-        S.delete_file(marker)
-    except (OSError, S.StorageError) as e:
-        with contextlib.suppress(OSError, S.StorageError):
-            S.delete_file(marker)
+        with files.write_probe(exp_dir):
+            return None
+    except (OSError, ValueError) as e:
         return root_error(e)
-    return None
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
@@ -483,6 +481,6 @@ def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
         ):
             values = [None if v is None else float(v) for v in values]
         columns[key] = values
-    buffer = io.BytesIO()
-    pq.write_table(pa.table(columns), buffer)
-    S.write_bytes(path, buffer.getvalue())
+    fs, fs_path = files.resolve(path)
+    fs.create_dir(posixpath.dirname(fs_path), recursive=True)
+    pq.write_table(pa.table(columns), fs_path, filesystem=fs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pyarrow.fs
@@ -82,7 +83,6 @@ def test_write_then_read_bytes_makes_the_folder(tmp_path):
 )
 def test_join_puts_the_parts_before_a_uris_query(location, parts, joined):
     assert fs.join(location, *parts) == joined
-    assert storage.join(location, *parts) == joined  # one rule: storage asks fs
 
 
 def test_remote_timeout_comes_from_the_environment_and_bad_values_name_it():
@@ -170,3 +170,26 @@ def test_a_warm_start_source_that_cannot_be_opened_is_one_line(monkeypatch):
     line = str(e.value)
     assert line.startswith(f"amp.warm_start.from: cannot read {source!r} (") and "\n" not in line
     assert "drop warm_start" in line
+
+
+def test_the_write_probe_leaves_nothing_behind_and_names_an_unwritable_place(tmp_path):
+    fresh = tmp_path / "fresh"
+    with fs.write_probe(str(fresh)) as (marker, token):
+        assert fs.read_bytes(*fs.resolve(marker)) == token
+        assert os.path.basename(marker).startswith(fs.PROBE_PREFIX)
+    assert not fresh.exists()  # made for the probe, removed again (it was empty)
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where a folder should be")
+    with pytest.raises(OSError), fs.write_probe(str(blocked / "sub")):
+        pass
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_the_newest_experiment_state_file_is_found_by_name(tmp_path):
+    local = pyarrow.fs.LocalFileSystem()
+    assert fs.experiment_state_file(local, str(tmp_path)) is None
+    for stamp in ("2026-12-01_16-20-03", "2026-12-02_08-00-00"):
+        (tmp_path / f"experiment_state-{stamp}.json").write_text("{}")
+    (tmp_path / "experiment_state-2027.json.before-fallback").write_text("{}")
+    newest = fs.experiment_state_file(local, str(tmp_path))
+    assert newest == str(tmp_path / "experiment_state-2026-12-02_08-00-00.json")

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
+from rllib_amp import fs
 from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, verify_checkpoint
-from rllib_amp.sweep import storage as S
 from tests.cluster.s3 import ENV, closed_port, silent_listener
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -327,7 +327,7 @@ def test_s3_endpoint_dying_under_the_trials_is_one_line_with_the_resume_command(
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, out[-2000:] + err[-3000:]
     last = err.strip().splitlines()[-1]
-    where = S.join(storage, "die")
+    where = fs.join(storage, "die")
     assert last.startswith(f"python -m rllib_amp.tune: the storage at {where} "), last
     assert "continue with: " in last and last.endswith("--resume"), last
     assert err.count("continue with: ") == 1

@@ -236,7 +236,7 @@ def test_a_stuck_library_sweep_gets_ray_died_instead_of_an_exit(exits, monkeypat
 
     raised = []
     stop = SimpleNamespace(ray_dead=None, raise_ray_died=lambda: raised.append(True))
-    monkeypatch.setattr(sweep_main.R, "_held", ["/somewhere/rllib_amp.lock"])
+    monkeypatch.setattr(sweep_main.experiment_lock, "_held", ["/somewhere/rllib_amp.lock"])
     sweep_main._ray_died_stuck(stop, False, "its GCS has not answered for 61 s")
     assert raised == [True] and stop.ray_dead.startswith("its GCS")
-    assert sweep_main.R._held == ["/somewhere/rllib_amp.lock"] and exits == []
+    assert sweep_main.experiment_lock._held == ["/somewhere/rllib_amp.lock"] and exits == []
