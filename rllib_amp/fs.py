@@ -365,38 +365,6 @@ def experiment_state_file(fs: Any, root: str) -> str | None:
     return posixpath.join(root, max(names)) if names else None
 
 
-def create_exclusive(fs: Any, fs_path: str, data: bytes) -> bool:
-    """Writes ``data`` to a new file at ``fs_path``; False, and nothing written, when a file
-    is already there. Its folder is made first if needed.
-
-    On a local disk the create is atomic (``O_EXCL``): of two callers at the same instant,
-    exactly one gets True. pyarrow's object-store filesystems offer no conditional put, so
-    there it is a check, then a write: two callers within the same moment can both get True.
-
-    Example:
-        >>> import tempfile
-        >>> path = tempfile.mkdtemp() + "/owner"
-        >>> local = pyarrow.fs.LocalFileSystem()
-        >>> create_exclusive(local, path, b"a"), create_exclusive(local, path, b"b")
-        (True, False)
-    """
-    parent = posixpath.dirname(fs_path)
-    if parent:
-        fs.create_dir(parent, recursive=True)
-    if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        try:
-            fd = os.open(fs_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
-    if exists(fs, fs_path):
-        return False
-    write_bytes(fs, fs_path, data)
-    return True
-
-
 def decode(fs_path: str, data: bytes) -> Any:
     """The object a state file holds, by its ending (``STATE_FORMATS``).
 

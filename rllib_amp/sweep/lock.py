@@ -25,6 +25,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import filelock
 import pyarrow.fs
 
 from rllib_amp import fs as files
@@ -34,7 +35,7 @@ LOCK_FILE = "rllib_amp.lock"
 # The locks this process holds (their locations), taken under ``locks_released``.
 _held: list[str] = []
 # Of those, the local and mounted ones: their filelock.FileLock, held until ``unlock``.
-_local_locks: dict[str, Any] = {}
+_local_locks: dict[str, filelock.BaseFileLock] = {}
 # Local folders that a lock created (removed with the lock when the run left nothing in them).
 _made_folders: set[str] = set()
 
@@ -126,8 +127,6 @@ def _say_taken_over(name: str, owner: dict[str, Any], location: str) -> None:
 
 
 def _take_local(name: str, location: str, path: str) -> bool:
-    import filelock
-
     os.makedirs(os.path.dirname(path), exist_ok=True)
     held = filelock.FileLock(path)
     try:
@@ -146,10 +145,15 @@ def _take_local(name: str, location: str, path: str) -> bool:
 
 
 def _take_remote(name: str, fs: Any, path: str, stale: dict[str, Any] | None) -> bool:
+    """Creates the lock file if absent. pyarrow's object stores offer no conditional put:
+    a check, then a write, so two callers within the same moment can both get True."""
     if stale:
         _say_taken_over(name, stale, files.display_path(fs, path))
         files.delete_file(fs, path)
-    return files.create_exclusive(fs, path, json.dumps(_me()).encode())
+    elif files.exists(fs, path):
+        return False
+    files.write_bytes(fs, path, json.dumps(_me()).encode())
+    return True
 
 
 def _owner(fs: Any, path: str) -> dict[str, Any] | None:
@@ -157,14 +161,12 @@ def _owner(fs: Any, path: str) -> dict[str, Any] | None:
     (``_is_stale`` judges it on an object store), or ``{}`` for a lock being written or
     unreadable (judged live: its owner may be writing it right now)."""
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        import filelock
-
         if not os.path.exists(path):
             return None
         probe = filelock.FileLock(path)
         try:
             probe.acquire(timeout=0)
-        except filelock.Timeout:  # held: the file names its owner
+        except (filelock.Timeout, PermissionError):  # held (or another user's): it names them
             pass
         else:
             probe.release()
