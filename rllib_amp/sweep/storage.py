@@ -128,7 +128,7 @@ def failed(error: BaseException, exp_dir: str) -> bool:
 
     True when its errno says the storage refused a write (``FAILED_ERRNOS``) on a path under
     a local ``exp_dir``, or when the storage fails a fresh check now: its endpoint does not
-    answer (``check_reachable``, asked again) or a marker cannot be written to ``exp_dir``.
+    answer (``check_reachable``) or a marker cannot be written to ``exp_dir`` (``write_probe``).
 
     Example:
         >>> import tempfile

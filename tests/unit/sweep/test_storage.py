@@ -128,7 +128,7 @@ def test_only_the_storage_failing_is_a_storage_failure(tmp_path, monkeypatch):
     blocked = tmp_path / "file"  # a file where the experiment folder should be
     blocked.write_text("x")
     assert S.failed(OSError("When reading information for key"), str(blocked))
-    # A URI: its endpoint is asked again (a failure is never kept).
+    # A URI: its endpoint is asked afresh.
     monkeypatch.setattr(S, "check_reachable", lambda location: _raise(S.StorageError("down")))
     assert S.failed(OSError("AWS Error NETWORK_CONNECTION"), "s3://bucket/exp/name")
 
