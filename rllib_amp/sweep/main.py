@@ -452,7 +452,7 @@ def _report(
 
     exp_dir = files.join(storage, name)
     rows = summary.summarize(exp, grid, storage)
-    fault = summary.storage_fault(exp_dir, rows)
+    fault = S.storage_fault(exp_dir, rows)
     if fault is not None:  # said once; only the results are tried on a storage that fails
         print(summary.format_table(exp, rows))
         if summary.try_write_parquet(rows, files.join(exp_dir, RESULTS_FILE)):

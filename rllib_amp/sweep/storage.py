@@ -23,10 +23,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rllib_amp import fs as files
+from rllib_amp.cli import root_error
 from rllib_amp.fs import is_uri
 
 DEFAULT_STORAGE = "~/ray_results"
@@ -144,11 +146,70 @@ def failed(error: BaseException, exp_dir: str) -> bool:
                 return True
     try:
         check_reachable(exp_dir)
-        with files.write_probe(exp_dir):
-            pass
-    except (OSError, StorageError):
+    except StorageError:
         return True
-    return False
+    return write_refused(exp_dir) is not None
+
+
+def write_refused(exp_dir: str) -> str | None:
+    """Why a small file cannot be written to (and removed from) ``exp_dir`` now, or None."""
+    try:
+        with files.write_probe(exp_dir):
+            return None
+    except (OSError, ValueError) as e:
+        return root_error(e)
+
+
+# A trial's root error (its ``Type: message`` line, as ``root_error`` gives it) that is the
+# storage refusing a write or not answering, not the trial's own fault: an OSError (pyarrow's
+# and Python's file errors) for a full disk (ENOSPC), a quota (EDQUOT), a read-only mount
+# (EROFS), a dead endpoint; Tune's RuntimeError for a node that cannot set up the storage.
+# The phrases count only in that line and after such a type: an env's own "Could not connect
+# to server" (a RuntimeError, a ConnectionError) is the trial's fault.
+_STORAGE_ERROR = re.compile(
+    r"^(?:[\w.]+\.)?(?:OSError|IOError|ArrowIOError): .*(?:No space left on device"
+    r"|Disk quota exceeded|Read-only file system|\[Errno (?:28|30|122)\]"
+    r"|AWS Error NETWORK_CONNECTION|Could not connect to server)"
+    r"|^(?:[\w.]+\.)?RuntimeError: Unable to set up cluster storage",
+    re.IGNORECASE,
+)
+_ENOSPC = re.compile(r"No space left on device|\[Errno 28\]", re.IGNORECASE)
+
+
+def stopped_on_storage(error: str | None) -> bool:
+    """Whether a trial's error (``root_error``'s line) is the storage failing under it.
+
+    Example:
+        >>> stopped_on_storage("OSError: [Errno 28] No space left on device")
+        True
+        >>> stopped_on_storage("RuntimeError: env: Could not connect to server 10.0.0.5")
+        False
+    """
+    line = (error or "").strip().splitlines()
+    return bool(line) and _STORAGE_ERROR.search(line[-1]) is not None
+
+
+def storage_fault(exp_dir: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """One line naming the storage error of a run, or None when there was none: a small
+    file cannot be written to ``exp_dir`` now, or trials stopped on a storage error
+    (``stopped_on_storage``: their root error line only). Said once for all trials, so the
+    CLI prints it instead of one failure line per trial; it still tries results.parquet
+    (``summary.try_write_parquet``) but writes nothing else there.
+
+    Example:
+        >>> import tempfile
+        >>> storage_fault(tempfile.mkdtemp(), [{"trial_id": "a", "error": None}]) is None
+        True
+    """
+    stopped = [r for r in rows if stopped_on_storage(r.get("error"))]
+    refused = write_refused(exp_dir)
+    if refused is None and not stopped:
+        return None
+    cause = refused or str(stopped[0]["error"])
+    what = "is full (ENOSPC)" if _ENOSPC.search(cause) else "failed"
+    ids = ", ".join(str(r["trial_id"]) for r in stopped)
+    on_it = f"; trial(s) {ids} stopped on it" if stopped else ""
+    return f"the storage at {exp_dir} {what}: {cause}{on_it}"
 
 
 def _is_within(path: str, root: str) -> bool:

@@ -233,23 +233,21 @@ def _uploads_replace_files_whole(tmp_path, monkeypatch):
 
 
 def test_the_summary_names_a_storage_error_once(tmp_path):
-    from rllib_amp.sweep.summary import storage_fault
-
     rows = [
         {"trial_id": "a_00000", "error": "OSError: [Errno 28] No space left on device"},
         {"trial_id": "a_00001", "error": "OSError: [Errno 28] No space left on device"},
         {"trial_id": "a_00002", "error": "ValueError: the trial's own fault"},
         {"trial_id": "a_00003", "error": None},
     ]
-    line = storage_fault(str(tmp_path), rows)
+    line = S.storage_fault(str(tmp_path), rows)
     assert line is not None and "\n" not in line
     assert line.startswith(f"the storage at {tmp_path} is full (ENOSPC): OSError: [Errno 28]")
     assert line.endswith("trial(s) a_00000, a_00001 stopped on it")
-    assert storage_fault(str(tmp_path), rows[2:]) is None  # no storage error: nothing said
+    assert S.storage_fault(str(tmp_path), rows[2:]) is None  # no storage error: nothing said
     # Storage that refuses a write now is named even when no trial saw it.
     blocked = tmp_path / "file"
     blocked.write_text("a file where the experiment folder should be")
-    line = storage_fault(str(blocked), rows[2:])
+    line = S.storage_fault(str(blocked), rows[2:])
     assert line is not None and line.startswith(f"the storage at {blocked} failed: ")
     assert os.listdir(tmp_path) == ["file"]  # the check leaves nothing behind
 
