@@ -133,11 +133,15 @@ def _take_local(name: str, location: str, path: str) -> bool:
         held.acquire(timeout=0)
     except filelock.Timeout:
         return False  # taken in between: its owner is named at the next look
-    if not os.path.exists(path):  # its holder removed it as we took it: look again
+    # Its holder removed it as we took it: look again. (filelock opens the path with its
+    # folder resolved, as realpath does, which differs for /proc/PID/root/... paths.)
+    if not os.path.exists(os.path.realpath(path)):
         held.release()
         return False
-    with open(path, "rb") as f:  # a file left by a command that was killed
-        _say_taken_over(name, _decoded(f.read()), location)
+    with contextlib.suppress(OSError):  # a file left by a command that was killed
+        _say_taken_over(
+            name, _decoded(files.read_bytes(pyarrow.fs.LocalFileSystem(), path)), location
+        )
     with open(path, "w") as f:  # ours now: the owner a refusal names
         json.dump(_me(), f)
     _local_locks[location] = held
