@@ -94,29 +94,6 @@ def may_end_process() -> bool:
     return _command_process and threading.current_thread() is threading.main_thread()
 
 
-def exit_command(status: int) -> NoReturn:
-    """Ends a command's process with ``status`` (its ``__main__``: ``exit_command(main())``).
-
-    As ``sys.exit``, unless a remote call that ``rllib_amp.fs.bounded`` stopped waiting for
-    still runs on its thread (an endpoint that never answered): then output is flushed, a Ray
-    this process started is shut down, and the process ends at once (``os._exit``). A normal
-    exit would destroy pyarrow's C++ state (its GCS and S3 clients, curl, OpenSSL) under that
-    thread's feet, which crashed the process (SIGSEGV) after its last line.
-    """
-    files = sys.modules.get("rllib_amp.fs")  # not loaded: no remote call was made
-    if files is None or not files.calls_left_running():
-        raise SystemExit(status)
-    import logging
-
-    ray = sys.modules.get("ray")
-    if ray is not None:
-        with contextlib.suppress(Exception):
-            if ray.is_initialized():
-                ray.shutdown()
-    logging.shutdown()
-    end_process_now(status)
-
-
 def end_process_now(status: int) -> NoReturn:
     """Flushes stdout and stderr, then ends the process with ``status`` (``os._exit``: no exit
     handler runs). Only for a command's own process (``may_end_process``)."""

@@ -6,10 +6,10 @@ A location is a local path (``~`` expanded, made absolute) or a URI pyarrow open
 (``C:/runs``), not a URI. Everything above this module reads and writes files through these
 functions, so local folders and object stores behave alike.
 
-Remote filesystems are opened with timeouts (``RLLIB_AMP_REMOTE_TIMEOUT_S``, default 30 s): an
-S3 endpoint that never answers, or GCS retrying a credentials lookup, ends in an OSError
-instead of a hang of minutes; ``probe`` checks a location within that time, on a helper
-thread, so Ctrl-C still works while it waits.
+Remote filesystems are built with pyarrow's own bounds (``RLLIB_AMP_REMOTE_TIMEOUT_S``, default
+30 s): S3's connect and request timeouts with a bounded retry strategy, GCS's retry time
+limit. An S3 endpoint that never answers, or GCS retrying a credentials lookup, ends in an
+OSError within about that time instead of a hang of minutes; ``probe`` names it.
 
 Example:
     >>> is_uri("s3://bucket/exp"), is_uri("C:/runs"), is_uri("runs:2")
@@ -23,21 +23,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fnmatch
 import json
 import os
 import pickle
 import posixpath
 import re
-import signal
-import threading
+import secrets
 import urllib.parse
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pyarrow.fs
-
-T = TypeVar("T")
 
 # Tune's checkpoint folder names (StorageContext): ``checkpoint_000003``, nothing after the
 # number, so a folder moved aside (``checkpoint_000003.damaged``) is never one.
@@ -46,12 +45,13 @@ CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
 STATE_FORMATS: tuple[str, ...] = (".pkl", ".msgpack", ".json")
 # pyarrow's filesystem type names that differ from the URI scheme users write.
 _SCHEMES = {"gcs": "gs"}
-# How long one remote access may stay unanswered before it fails: pyarrow's S3 connect and
-# inactivity timeouts (a third of it each, as the S3 client tries 3 times), GCS's retry
-# limit, and ``probe``'s wait. Without it an S3 endpoint that accepts and never answers
-# holds a call for 100 s, and GCS retries a failing credentials lookup for 15 minutes.
+# How long one remote call may stay unanswered before it fails: pyarrow's S3 connect and
+# inactivity timeouts (a third of it each, as the S3 client tries REMOTE_ATTEMPTS times),
+# GCS's retry limit. Without it an S3 endpoint that accepts and never answers holds a call
+# for 100 s, and GCS retries a failing credentials lookup for 15 minutes.
 REMOTE_TIMEOUT_ENV = "RLLIB_AMP_REMOTE_TIMEOUT_S"
 DEFAULT_REMOTE_TIMEOUT_S = 30.0
+REMOTE_ATTEMPTS = 3
 
 
 class RemoteTimeout(TimeoutError):
@@ -102,6 +102,29 @@ def join(location: str, *parts: str) -> str:
         return os.path.join(location, *parts)
     u = urllib.parse.urlparse(location)
     return urllib.parse.urlunparse(u._replace(path=posixpath.join(u.path or "/", *parts)))
+
+
+def to_uri(location: str, fs_path: str) -> str:
+    """A path on ``location``'s filesystem (as Tune reports checkpoints) as a full location
+    with ``location``'s scheme and query, so it can be pasted back into the CLI.
+
+    pyarrow's paths start with the bucket (``s3://``, ``gs://``) or the container
+    (``abfs://container@account...``); filesystems addressed by host (``hdfs://``) and
+    ``file://`` give absolute paths.
+
+    Example:
+        >>> to_uri("s3://b/exp?endpoint_override=127.0.0.1:9000", "b/exp/t/checkpoint_000001")
+        's3://b/exp/t/checkpoint_000001?endpoint_override=127.0.0.1:9000'
+    """
+    if not is_uri(location):
+        return fs_path
+    u = urllib.parse.urlparse(location)
+    if fs_path.startswith("/"):
+        return urllib.parse.urlunparse(u._replace(path=fs_path))
+    first, _, rest = fs_path.partition("/")
+    named = {u.netloc, u.netloc.split("@", 1)[0], u.netloc.rsplit("@", 1)[-1]}
+    netloc = u.netloc if first in named else first
+    return urllib.parse.urlunparse(u._replace(netloc=netloc, path="/" + rest if rest else ""))
 
 
 _VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
@@ -164,8 +187,10 @@ def resolve(location: Any, filesystem: pyarrow.fs.FileSystem | None = None) -> t
 
 
 def _with_timeouts(fs: Any) -> Any:
-    """The same filesystem with bounded waits. pyarrow takes no timeouts in an S3 URI's
-    query, so the filesystem is built again from its own arguments (what pickling uses)."""
+    """The same filesystem with pyarrow's own bounds on each call: S3's connect and request
+    timeouts and a retry strategy of ``REMOTE_ATTEMPTS`` tries, GCS's retry time limit.
+    pyarrow takes none of them in an S3 URI's query, so the filesystem is built again from
+    its own arguments (what pickling uses)."""
     timeout = remote_timeout_s()
     kind = type(fs).__name__
     if kind not in ("S3FileSystem", "GcsFileSystem"):
@@ -174,126 +199,41 @@ def _with_timeouts(fs: Any) -> Any:
     if kind == "S3FileSystem":
         for key in ("connect_timeout", "request_timeout"):
             if kwargs.get(key) is None or kwargs[key] < 0:
-                kwargs[key] = timeout / 3
-    elif kwargs.get("retry_time_limit") is None:  # GCS (?retry_limit_seconds= sets it)
+                kwargs[key] = timeout / REMOTE_ATTEMPTS
+        retry = pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=REMOTE_ATTEMPTS)
+        return pyarrow.fs.S3FileSystem(**kwargs, retry_strategy=retry)
+    if kwargs.get("retry_time_limit") is None:  # GCS (?retry_limit_seconds= sets it)
         kwargs["retry_time_limit"] = datetime.timedelta(seconds=max(1, round(timeout)))
     return reconstruct(kwargs)
 
 
-def bounded(call: Callable[[], T], where: str, timeout_s: float | None = None) -> T:
-    """``call()``, or RemoteTimeout naming ``where`` when it has not returned within
-    ``timeout_s`` (default ``remote_timeout_s()``).
-
-    The call runs on a helper thread and this one waits: Ctrl-C (or SIGTERM, raised as
-    ``rllib_amp.cli.Interrupted``) ends the wait at once, which a thread inside a blocking
-    pyarrow call would not notice. A call that times out is left to end on its own (its
-    filesystem's own timeouts end it); a command ends its process without waiting for it
-    (``rllib_amp.cli.exit_command``, ``calls_left_running``). Interrupted in a command's process
-    (``rllib_amp.cli.may_end_process``), the KeyboardInterrupt propagates and the process
-    ends at exit with 128 + the signal without waiting for the call; in a library call,
-    RemoteCallInterrupted is raised and nothing ends the caller's process.
-
-    Example:
-        >>> bounded(lambda: 42, "nowhere", timeout_s=5)
-        42
-    """
-    timeout = remote_timeout_s() if timeout_s is None else timeout_s
-    box: dict[str, Any] = {}
-    # An Event, not Thread.join: a join interrupted by Ctrl-C marks a running thread as
-    # stopped (Python 3.11), and whether the call still runs is what matters at exit.
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=run, name=f"rllib-amp access to {where}", daemon=True)
-    thread.start()
-    try:
-        finished = done.wait(timeout)
-    except KeyboardInterrupt as e:
-        from rllib_amp import cli
-
-        if not cli.may_end_process():  # a library call: the caller's process is its own
-            raise RemoteCallInterrupted(where, e) from e
-        signum = int(getattr(e, "signum", signal.SIGINT))  # cli.Interrupted: SIGTERM too
-        _exit_without_waiting_for(done, cli.signal_exit_status(signum))
-        raise
-    if not finished:
-        # A command ends without waiting (cli.exit_command); calls that ended are dropped.
-        _left_running[:] = [*(d for d in _left_running if not d.is_set()), done]
-        raise RemoteTimeout(f"no answer from {where} within {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+# What pyarrow's S3 client (curl) says when a call ran out of time rather than was refused.
+_TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out|deadline", re.IGNORECASE)
 
 
-# ``done`` of each call ``bounded`` stopped waiting for: the call may still run on its thread.
-_left_running: list[threading.Event] = []
+def probe(location: str) -> None:
+    """Opens a URI's filesystem and asks it about ``location``: the pyarrow OSError (a closed
+    port, no credentials, no libjvm for hdfs://), or RemoteTimeout when the remote gave no
+    answer within the remote timeout (``remote_timeout_s``). Local paths are not probed. A
+    missing path is fine.
 
-
-def calls_left_running() -> int:
-    """How many remote calls ``bounded`` stopped waiting for still run on their threads.
-
-    Example:
-        >>> calls_left_running()
-        0
-    """
-    return sum(not done.is_set() for done in _left_running)
-
-
-class RemoteCallInterrupted(KeyboardInterrupt):
-    """A signal ended the wait for a remote call in a library call (``bounded``): the call
-    still runs on its daemon thread until its filesystem's own timeouts end it, and pyarrow's
-    exit handler may wait for it when the interpreter exits. ``signum`` is the signal's."""
-
-    def __init__(self, where: str, interrupt: BaseException) -> None:
-        super().__init__(
-            f"interrupted while waiting for {where}; the call still runs on a daemon thread "
-            f"until its filesystem gives up (at most {REMOTE_TIMEOUT_ENV} a try)"
-        )
-        self.where = where
-        self.signum = int(getattr(interrupt, "signum", signal.SIGINT))
-
-
-def _exit_without_waiting_for(done: threading.Event, status: int) -> None:
-    """At interpreter exit, ends the process at once with ``status`` if a remote call is
-    still running (``done`` not set): pyarrow's exit handler would otherwise wait for that
-    call to give up (minutes, with a long remote timeout) after the user pressed Ctrl-C.
-    Registered last, so it runs before pyarrow's own handler (and skips the handlers
-    registered before it: only a command's own process, ``rllib_amp.cli.may_end_process``,
-    asks for it); output is flushed first."""
-    import atexit
-
-    def end_now() -> None:
-        if not done.is_set():
-            from rllib_amp import cli
-
-            cli.end_process_now(status)
-
-    atexit.register(end_now)
-
-
-def probe(location: str, timeout_s: float | None = None) -> None:
-    """Opens a URI's filesystem and asks it about ``location``, within ``timeout_s``: the
-    pyarrow OSError (a closed port, no credentials, no libjvm for hdfs://) or RemoteTimeout
-    when the remote cannot be used. Local paths are not probed. A missing path is fine.
+    The call is pyarrow's own, bounded by the filesystem's timeouts (``resolve``): Ctrl-C or
+    SIGTERM during it takes effect when it returns, within one remote timeout.
 
     Example:
         >>> probe("/no/such/folder")  # local: nothing to reach
     """
     if not is_uri(location):
         return
-
-    def ask() -> None:
-        fs, path = resolve(location)
+    fs, path = resolve(location)
+    try:
         fs.get_file_info(path)
-
-    bounded(ask, location, timeout_s)
+    except OSError as e:
+        if _TIMED_OUT.search(str(e)):
+            raise RemoteTimeout(
+                f"no answer from {location} within {remote_timeout_s():g} s"
+            ) from None
+        raise
 
 
 def error_line(e: BaseException) -> str:
@@ -376,36 +316,65 @@ def write_bytes(fs: Any, fs_path: str, data: bytes) -> None:
         out.write(data)
 
 
-def create_exclusive(fs: Any, fs_path: str, data: bytes) -> bool:
-    """Writes ``data`` to a new file at ``fs_path``; False, and nothing written, when a file
-    is already there. Its folder is made first if needed.
+def delete_file(fs: Any, fs_path: str) -> None:
+    """Removes one file; a file already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(fs_path)
 
-    On a local disk the create is atomic (``O_EXCL``): of two callers at the same instant,
-    exactly one gets True. pyarrow's object-store filesystems offer no conditional put, so
-    there it is a check, then a write: two callers within the same moment can both get True.
+
+# The marker ``write_probe`` writes: never a name Tune or RLlib uses.
+PROBE_PREFIX = ".rllib-amp-storage-check-"
+
+
+@contextlib.contextmanager
+def write_probe(location: str) -> Iterator[tuple[str, bytes]]:
+    """The one write check: writes a marker of random content into ``location`` and yields
+    ``(the marker's location, its content)`` for the caller to read back (on this machine,
+    or from every node); removes it on the way out, with the folder the write made (a local
+    ``location`` that did not exist: only while empty). Raises what pyarrow raises when the
+    write fails (a missing bucket, no credentials, a read-only or full disk).
 
     Example:
         >>> import tempfile
-        >>> path = tempfile.mkdtemp() + "/owner"
-        >>> local = pyarrow.fs.LocalFileSystem()
-        >>> create_exclusive(local, path, b"a"), create_exclusive(local, path, b"b")
-        (True, False)
+        >>> with write_probe(tempfile.mkdtemp()) as (marker, token):
+        ...     read_bytes(*resolve(marker)) == token
+        True
     """
-    parent = posixpath.dirname(fs_path)
-    if parent:
-        fs.create_dir(parent, recursive=True)
-    if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        try:
-            fd = os.open(fs_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
-    if exists(fs, fs_path):
-        return False
-    write_bytes(fs, fs_path, data)
-    return True
+    fs, root = resolve(location)
+    made = not is_uri(location) and not exists(fs, root)
+    name = PROBE_PREFIX + secrets.token_hex(8)
+    marker, token = join(location, name), secrets.token_bytes(16)
+    try:
+        write_bytes(fs, posixpath.join(root, name), token)
+        yield marker, token
+    finally:
+        with contextlib.suppress(OSError):
+            delete_file(fs, posixpath.join(root, name))
+            if made and not fs.get_file_info(pyarrow.fs.FileSelector(root)):
+                fs.delete_dir(root)  # only while empty: nothing of anyone else's goes
+
+
+# Tune's experiment state files (TuneController.CKPT_FILE_TMPL): the newest by name (the name
+# holds the start time) is the one Tune resumes from.
+EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
+
+
+def experiment_state_file(fs: Any, root: str) -> str | None:
+    """The path of the newest Tune experiment state file directly in ``root`` (an experiment
+    folder), or None when there is none (a missing ``root`` included). The one reader of
+    where Tune keeps its experiment state.
+
+    Example:
+        >>> experiment_state_file(pyarrow.fs.LocalFileSystem(), "/no/such/experiment")
+    """
+    selector = pyarrow.fs.FileSelector(root, allow_not_found=True, recursive=False)
+    names = [
+        info.base_name
+        for info in fs.get_file_info(selector)
+        if info.type == pyarrow.fs.FileType.File
+        and fnmatch.fnmatch(info.base_name, EXPERIMENT_STATE_GLOB)
+    ]
+    return posixpath.join(root, max(names)) if names else None
 
 
 def decode(fs_path: str, data: bytes) -> Any:

@@ -2,7 +2,7 @@
 
 import sys
 
-from rllib_amp.cli import exit_command, interrupts_as_exit, local_ray_on_loopback, run_as_command
+from rllib_amp.cli import interrupts_as_exit, local_ray_on_loopback, run_as_command
 
 if __name__ == "__main__":
     local_ray_on_loopback(sys.argv[1:])  # before ray is imported
@@ -12,4 +12,4 @@ with interrupts_as_exit("python -m rllib_amp.tune"):
 
 if __name__ == "__main__":
     run_as_command()  # this process is the command: a dead local Ray may end it (LocalRayWatchdog)
-    exit_command(main())  # at once where a remote call was left running
+    sys.exit(main())

@@ -201,13 +201,18 @@ def session_sweep(ray_local):
     return command
 
 
-@pytest.fixture
-def live_pid():
-    """The pid of a live process of this host that is not this one."""
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
+# A process that holds an experiment lock as a running command does: filelock's lock on the
+# file, the file naming its host and pid (or ``content``), until it is killed.
+_HOLDER = """
+import filelock, json, os, socket, sys, time
+lock = filelock.FileLock(sys.argv[1])
+lock.acquire(timeout=0)
+with open(sys.argv[1], "w") as f:
+    f.write(sys.argv[2] if len(sys.argv) > 2 else json.dumps(
+        {"host": socket.gethostname(), "pid": os.getpid()}))
+print("held", flush=True)
+time.sleep(120)
+"""
 
 
 @pytest.fixture
@@ -219,3 +224,23 @@ def own_ray_env():
     env["RAY_TMPDIR"] = ray_tmp
     yield env
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def lock_holder():
+    """``hold(path, content=None)``: starts a live process of this host that holds the lock
+    at ``path``; returns its pid. Each is killed at the end of the test."""
+    procs = []
+
+    def hold(path, content=None):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        args = [sys.executable, "-c", _HOLDER, str(path), *([content] if content else [])]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        return proc.pid
+
+    yield hold
+    for proc in procs:
+        proc.kill()
+        proc.wait()

@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import posixpath
@@ -37,8 +36,10 @@ import pyarrow.fs
 from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, verify_checkpoint
 from rllib_amp.fs import (
     CHECKPOINT_FOLDER,
+    EXPERIMENT_STATE_GLOB,
     checkpoint_folders,
     display_path,
+    experiment_state_file,
     is_dir,
     is_file,
     read_bytes,
@@ -49,8 +50,6 @@ from rllib_amp.log_events import event
 
 logger = logging.getLogger(__name__)
 
-# Tune's name for its experiment state files (TuneController.CKPT_FILE_TMPL).
-_EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
 DAMAGED_SUFFIX = ".damaged"
 # Written into a damaged checkpoint whose copy was kept aside (its text: where the copy is):
 # restores pass it over unread. Next to the folder a ".damaged" name could be an older
@@ -364,16 +363,11 @@ def _latest_recorded_checkpoints(state: dict[str, Any]) -> dict[str, tuple[str, 
 
 
 def _newest_experiment_state(fs: Any, root: str) -> str:
-    names = [
-        info.base_name
-        for info in fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
-        if info.type == pyarrow.fs.FileType.File
-        and fnmatch.fnmatch(info.base_name, _EXPERIMENT_STATE_GLOB)
-    ]
-    if not names:
+    # Tune resumes from the newest state file (rllib_amp.fs.experiment_state_file).
+    path = experiment_state_file(fs, root)
+    if path is None:
         raise FileNotFoundError(
-            f"{display_path(fs, root)}: no {_EXPERIMENT_STATE_GLOB} here, so no Tune experiment "
+            f"{display_path(fs, root)}: no {EXPERIMENT_STATE_GLOB} here, so no Tune experiment "
             f"to resume; pass the experiment folder (storage path / name)"
         )
-    # Tune resumes from the newest state file, by name (the name holds its start time).
-    return posixpath.join(root, max(names))
+    return path

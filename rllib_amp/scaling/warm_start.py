@@ -113,7 +113,7 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
 
 
 def _read_scaler_states(path: str, where: str) -> dict[str, dict[str, Any]]:
-    # A dead endpoint: one bounded wait (Ctrl-C works) instead of one hang per file below.
+    # A dead endpoint: one timeout, named as such, instead of one per file below.
     probe(path)
     fs, base = resolve(path)
     if not exists(fs, base):

@@ -27,8 +27,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rllib_amp import fs as files
 from rllib_amp.learner import metrics as amp_metrics
-from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.groups import Group
 from rllib_amp.sweep.summary import STEPS_KEY, amp_metric_key, history, target
 
@@ -136,7 +136,7 @@ def write(fig: Any, location: str) -> None:
     """Writes ``fig`` as a PNG to ``location``: a local path or a storage URI."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
-    S.write_bytes(location, buffer.getvalue())
+    files.write_bytes(*files.resolve(location), buffer.getvalue())
 
 
 def report(exp: Any, groups: Sequence[Group], grid: Any, exp_dir: str) -> str:
@@ -148,6 +148,6 @@ def report(exp: Any, groups: Sequence[Group], grid: Any, exp_dir: str) -> str:
         return "No sweep.png: matplotlib is not installed (pip install 'rllib-amp[plot]')."
     metric = exp.tune["metric"]
     fig = build(groups, curves(grid, (metric, SCALE, SKIP)), metric=metric, threshold=target(exp))
-    location = S.join(exp_dir, FILE)
+    location = files.join(exp_dir, FILE)
     write(fig, location)
     return f"Figure: {location}"

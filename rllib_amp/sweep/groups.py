@@ -408,7 +408,7 @@ def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str)
 
     ``rows``: ``summary.summarize``'s per-trial rows; ``grid``: Tune's ResultGrid.
     """
-    from rllib_amp.sweep import storage as S
+    from rllib_amp import fs as files
     from rllib_amp.sweep import summary
 
     groups = of_experiment(exp, rows)
@@ -418,7 +418,7 @@ def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str)
     print(f"Settings, best first by the mean {by} over seeds (tie: 95% intervals overlap):")
     print(format_table(groups, metric))
     print(f"Found: {finding(groups)}")
-    location = S.join(exp_dir, FILE)
+    location = files.join(exp_dir, FILE)
     summary.write_parquet([g.as_row(metric) for g in groups], location)
     print(f"Groups: {location}")
     return groups

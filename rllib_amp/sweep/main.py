@@ -34,7 +34,6 @@ from rllib_amp import fs as files
 from rllib_amp.cli import (
     Parser,
     UsageError,
-    exit_command,
     interrupted_line,
     main_wrapper,
     may_end_process,
@@ -42,6 +41,7 @@ from rllib_amp.cli import (
     run_as_command,
     signal_exit_status,
 )
+from rllib_amp.sweep import lock as experiment_lock
 from rllib_amp.sweep import loggers, transcript
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import storage as S
@@ -190,10 +190,10 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
         return 0
     spec = R.run_spec(exp, args.num_samples)
     if args.resume:
-        R.check_unchanged(S.join(storage, str(name)), spec, args.accept_changes)
+        R.check_unchanged(files.join(storage, str(name)), spec, args.accept_changes)
     if args.dry_run:
         name = name or R.timestamped(exp.name)  # --dry-run touches no storage
-        _print_dry_run(exp, S.join(storage, name), trials, checked)
+        _print_dry_run(exp, files.join(storage, name), trials, checked)
         return 0
 
     address, where = ray_address(args)
@@ -203,13 +203,13 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
     from rllib_amp.sweep import tuner as T
 
     # A second signal must not cut the summary short either; the lock outlives both.
-    with R.locks_released(), T.StopOnSignals() as stop:
+    with experiment_lock.locks_released(), T.StopOnSignals() as stop:
         try:
             if name is not None:  # a new run's name is locked as it is taken
-                R.lock(storage, name, "--resume" if args.resume else "--name")
+                experiment_lock.lock(storage, name, "--resume" if args.resume else "--name")
             if args.resume and name is not None:  # choose_name gives a name to resume
                 # Before Ray starts: a trial with no intact checkpoint left is exit 2 at once.
-                R.fall_back_to_intact_checkpoints(S.join(storage, name), args.restart_damaged)
+                R.fall_back_to_intact_checkpoints(files.join(storage, name), args.restart_damaged)
                 stop.resume_command = R.resume_command(args, exp, name, storage)
             exp, name, grid, stopped = _tune(
                 exp, args, storage, name, spec, address, where, notices, stop
@@ -219,7 +219,7 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
         except S.StorageFailed as e:  # said once, as the summary would: no grid to show
             _say(f"{e}; fix it, then continue with: {stop.resume_command}")
             return 1
-        with transcript.also_into(S.join(storage, name, transcript.FILE)):
+        with transcript.also_into(files.join(storage, name, transcript.FILE)):
             return _report(exp, args, grid, storage, name, stopped, stop)
 
 
@@ -252,8 +252,8 @@ def _ray_died_stuck(stop: Any, what: str) -> None:
     status 1 after this: the line, and the locks released."""
     stop.ray_dead = stop.ray_dead or what
     _say(_ray_died_line(stop))
-    for location in list(R._held):
-        R.unlock(location)
+    for location in list(experiment_lock._held):
+        experiment_lock.unlock(location)
 
 
 def _say(line: str) -> None:
@@ -357,9 +357,9 @@ def _tune(
             with S.keep_files_whole():  # a disk that fills up keeps each file's last whole copy
                 grid, interrupted = T.fit(tuner)
         except OSError as e:  # Tune reading back a storage that failed under the trials?
-            if not S.failed(e, S.join(storage, name)):
+            if not S.failed(e, files.join(storage, name)):
                 raise
-            raise S.StorageFailed(S.join(storage, name), e) from None
+            raise S.StorageFailed(files.join(storage, name), e) from None
         except KeyboardInterrupt:  # before Tune's loop: no experiment state saved
             if not args.resume and _discard_unstarted(storage, name):
                 stop.resume_command = None
@@ -376,16 +376,12 @@ def _discard_unstarted(storage: str, name: str) -> bool:
     """A new run stopped before Tune's loop holds no experiment state, so ``--resume`` could
     not continue it: what it wrote (Tune's tuner.pkl, experiment.yaml, its lock) goes, and the
     same command starts it again. True once it is gone; a run whose state Tune saved stays."""
-    import pyarrow.fs as pafs
-
-    exp_dir = S.join(storage, name)
     try:
-        fs, path = S.filesystem(exp_dir)
-        entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        if any(e.base_name.startswith("experiment_state-") for e in entries):
+        fs, path = files.resolve(files.join(storage, name))
+        if files.experiment_state_file(fs, path) is not None:
             return False
         fs.delete_dir(path)
-    except (OSError, S.StorageError):
+    except (OSError, ValueError):
         return False
     return True
 
@@ -395,7 +391,7 @@ def _build_tuner(
 ) -> Any:
     from rllib_amp.sweep import tuner as T
 
-    exp_dir = S.join(storage, name)
+    exp_dir = files.join(storage, name)
     try:
         tuner = T.build_tuner(exp, args, storage, name, restore=args.resume)
     except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
@@ -410,7 +406,7 @@ def _build_tuner(
             f"in the file or the --set values"
         ) from None
     if not args.resume:
-        S.write_bytes(S.join(exp_dir, R.EXPERIMENT_FILE), R.dump(spec))
+        files.write_bytes(*files.resolve(files.join(exp_dir, R.EXPERIMENT_FILE)), R.dump(spec))
     return tuner
 
 
@@ -429,17 +425,17 @@ def _report(
     stopped it (130 SIGINT, 143 SIGTERM)."""
     from rllib_amp.sweep import figure, groups, recommend, summary
 
-    exp_dir = S.join(storage, name)
+    exp_dir = files.join(storage, name)
     rows = summary.summarize(exp, grid, storage)
-    fault = summary.storage_fault(exp_dir, rows)
+    fault = S.storage_fault(exp_dir, rows)
     if fault is not None:  # said once; only the results are tried on a storage that fails
         print(summary.format_table(exp, rows))
-        if summary.try_write_parquet(rows, S.join(exp_dir, RESULTS_FILE)):
-            print(f"Results: {S.join(exp_dir, RESULTS_FILE)}")
+        if summary.try_write_parquet(rows, files.join(exp_dir, RESULTS_FILE)):
+            print(f"Results: {files.join(exp_dir, RESULTS_FILE)}")
         resume = R.resume_command(args, exp, name, storage)
         _say(f"{fault}; free space or fix the storage, then continue with: {resume}")
         return signal_exit_status(interrupted) if interrupted else 1
-    parquet = S.join(exp_dir, RESULTS_FILE)
+    parquet = files.join(exp_dir, RESULTS_FILE)
     summary.write_parquet(rows, parquet)
     print()
     threshold = summary.target(exp)
@@ -525,4 +521,4 @@ def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
 
 if __name__ == "__main__":
     run_as_command()  # this process is the command (as python -m rllib_amp.tune)
-    exit_command(main())
+    sys.exit(main())

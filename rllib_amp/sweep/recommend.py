@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
+from rllib_amp import fs as files
 from rllib_amp.checks import is_number
 from rllib_amp.settings import AmpSettings
-from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.groups import SINGLE_RUN, Group, interval_text, single_seed
 from rllib_amp.sweep.summary import format_value
 
@@ -201,8 +201,8 @@ def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:
 
 def write(rec: Recommendation, exp_dir: str) -> str:
     """Writes ``recommended_amp.yaml`` into ``exp_dir`` (a path or URI); returns where."""
-    location = S.join(exp_dir, FILE)
-    S.write_bytes(location, rec.to_yaml().encode())
+    location = files.join(exp_dir, FILE)
+    files.write_bytes(*files.resolve(location), rec.to_yaml().encode())
     return location
 
 

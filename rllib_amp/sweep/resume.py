@@ -22,19 +22,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import fnmatch
 import json
 import os
+import posixpath
 import re
 import shlex
-import socket
-from collections.abc import Iterator
 from typing import Any
+
+import pyarrow.fs
 
 from rllib_amp import fs as files
 from rllib_amp.checks import dotted
 from rllib_amp.cli import UsageError, root_error
-from rllib_amp.sweep import storage as S
+from rllib_amp.sweep.lock import LOCK_FILE, check_unlocked, lock, unlock
 
 # The resolved experiment of the first start, beside results.parquet: --resume compares to it.
 EXPERIMENT_FILE = "experiment.yaml"
@@ -48,14 +48,6 @@ _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
 _MAX_NAME_TRIES = 1000
 # Beside the experiment's trials once its summary is written (written by sweep.main).
 RESULTS_FILE = "results.parquet"
-# Tune's experiment state files (TuneController.CKPT_FILE_TMPL); the newest by name is current.
-_EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
-# In the experiment folder while a command runs it: who (host, pid) and since when.
-LOCK_FILE = "rllib_amp.lock"
-# The locks this process holds (their locations), taken under ``locks_released``.
-_held: list[str] = []
-# Local folders that a lock created (removed with the lock when the run left nothing in them).
-_made_folders: set[str] = set()
 
 
 def check_name(name: str, where: str = "--name") -> None:
@@ -87,18 +79,16 @@ def timestamped(base: str, when: datetime.datetime | None = None, n: int = 1) ->
 def runs_of(base: str, storage: str) -> list[str]:
     """The names of the runs of file ``base`` in ``storage``, oldest first: the timestamped
     ones, after a plain ``base`` (the name every run had before names carried a time)."""
-    import pyarrow.fs as pafs
-
     pattern = re.compile(rf"{re.escape(base)}(?:_({_STAMP})(?:_(\d+))?)?")
-    fs, path = S.filesystem(storage)
+    fs, path = files.resolve(storage)
     try:
-        entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        entries = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
     except OSError:
         return []
     keyed = []
     for entry in entries:
         match = pattern.fullmatch(entry.base_name)
-        if match and entry.type == pafs.FileType.Directory:
+        if match and entry.type == pyarrow.fs.FileType.Directory:
             stamp, n = match.groups()
             keyed.append(((stamp or "", int(n or 1)), entry.base_name))
     return [name for _, name in sorted(keyed)]
@@ -116,7 +106,7 @@ def newest_run(base: str, storage: str) -> str | None:
         'tiny_2026-12-01_16-20-03_2'
     """
     for name in reversed(runs_of(base, storage)):
-        if taken(S.join(storage, name)):
+        if taken(files.join(storage, name)):
             return name
     return None
 
@@ -129,10 +119,12 @@ def new_run_name(base: str, storage: str) -> str:
     now = datetime.datetime.now()
     for n in range(1, _MAX_NAME_TRIES + 1):
         name = timestamped(base, now, n)
-        location = S.join(storage, name)
-        if S.is_uri(storage):
-            if not S.exists(location) and _try_lock(storage, name) is None:
-                return name
+        location = files.join(storage, name)
+        if files.is_uri(storage):
+            if not files.exists(*files.resolve(location)):
+                with contextlib.suppress(UsageError):  # another run took it just now
+                    lock(storage, name)
+                    return name
             continue
         try:
             os.makedirs(storage, exist_ok=True)
@@ -152,142 +144,12 @@ def new_run_name(base: str, storage: str) -> str:
 def release(storage: str, name: str) -> None:
     """Removes the folder ``new_run_name`` made if the run left nothing in it (it failed
     before Tune wrote), so an empty folder is never taken for a run."""
-    unlock(S.join(storage, name, LOCK_FILE))
-    if S.is_uri(storage):
+    unlock(files.join(storage, name, LOCK_FILE))
+    if files.is_uri(storage):
         return
     # It holds the run's files, or is gone: either way it stays as it is.
     with contextlib.suppress(OSError):
-        os.rmdir(S.join(storage, name))
-
-
-@contextlib.contextmanager
-def locks_released() -> Iterator[None]:
-    """Releases, on the way out (an error, Ctrl-C, SIGTERM included), every experiment lock
-    ``lock`` took within it."""
-    start = len(_held)
-    try:
-        yield
-    finally:
-        while len(_held) > start:
-            unlock(_held.pop())
-
-
-def lock(storage: str, name: str, where: str = "--name") -> None:
-    """Takes experiment ``name``'s lock, a file in its folder naming this host and pid, so a
-    second command on the same experiment (the same --name started twice, a --resume while
-    it runs) is refused with exit 2 instead of writing into it. Released by ``unlock`` or on
-    leaving ``locks_released``.
-
-    Stale rule: a lock whose pid is not alive on this host is taken over. A lock from another
-    host is never judged stale (its pid cannot be checked from here); the refusal names the
-    file to delete once that run is known to be gone. Locally the create is atomic; on an
-    object store it is a check then a write (pyarrow offers no conditional put), so two
-    commands started within the same moment are not told apart there."""
-    owner = _try_lock(storage, name)
-    if owner is not None:
-        raise UsageError(_locked_message(storage, name, where, owner))
-
-
-def check_unlocked(storage: str, name: str, where: str) -> None:
-    """Exit 2 when a live run holds experiment ``name``'s lock (before any other check, so
-    the answer names the run that has it, not what it wrote)."""
-    location = S.join(storage, name, LOCK_FILE)
-    try:
-        owner = _owner_of(location)
-    except (OSError, S.StorageError):
-        return  # unreachable storage: the run's check_writable names it
-    if owner is not None and not _is_stale(owner):
-        raise UsageError(_locked_message(storage, name, where, owner))
-
-
-def unlock(location: str) -> None:
-    """Removes the lock at ``location`` if this process holds it."""
-    with contextlib.suppress(OSError, S.StorageError):
-        if _owner_of(location) == _me():
-            S.delete_file(location)
-    with contextlib.suppress(ValueError):
-        _held.remove(location)
-    folder = os.path.dirname(location)
-    if folder in _made_folders:
-        _made_folders.discard(folder)
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)  # only if empty: a run's files keep it
-
-
-def _try_lock(storage: str, name: str) -> dict[str, Any] | None:
-    """Takes the lock (None), or returns its live owner. A stale lock is taken over."""
-    location = S.join(storage, name, LOCK_FILE)
-    fs, path = S.filesystem(location)
-    folder = S.join(storage, name)
-    # A folder the lock itself brings into being goes with it: a start refused later (storage
-    # unreachable from a node, say) leaves nothing behind.
-    new_folder = not S.is_uri(storage) and not os.path.exists(folder)
-    for _ in range(3):
-        if files.create_exclusive(fs, path, json.dumps(_me()).encode()):
-            _held.append(location)
-            if new_folder:
-                _made_folders.add(folder)
-            return None
-        owner = _owner_of(location)
-        if owner is None:
-            continue  # removed in between: try again
-        if not _is_stale(owner):
-            return owner
-        print(
-            f"{name}: taking over the lock of pid {owner.get('pid')}, which is no longer "
-            f"running on this host ({location})"
-        )
-        S.delete_file(location)
-    return _owner_of(location) or {}
-
-
-def _me() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
-
-
-def _owner_of(location: str) -> dict[str, Any] | None:
-    """The lock's owner; None without a lock; ``{}`` for one being written or unreadable
-    (judged live: its owner may be writing it right now)."""
-    try:
-        data = S.read_bytes(location)
-    except FileNotFoundError:
-        return None
-    except OSError:
-        if not S.exists(location):  # object stores' "no such key" is not always typed
-            return None
-        raise
-    try:
-        owner = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return {}
-    return owner if isinstance(owner, dict) else {}
-
-
-def _is_stale(owner: dict[str, Any]) -> bool:
-    pid = owner.get("pid")
-    if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, another user's
-    return False
-
-
-def _locked_message(storage: str, name: str, where: str, owner: dict[str, Any]) -> str:
-    location = S.join(storage, name, LOCK_FILE)
-    who = (
-        f"pid {owner['pid']} on {owner['host']}"
-        if {"pid", "host"} <= owner.keys()
-        else "another command (its lock is being written or unreadable)"
-    )
-    return (
-        f"{where}: experiment {name!r} at {S.join(storage, name)} is in use by {who}; wait "
-        f"for it to end, or stop it (SIGINT or SIGTERM; --resume continues it later). If that "
-        f"run is gone, delete {location}"
-    )
+        os.rmdir(files.join(storage, name))
 
 
 class Finished(Exception):
@@ -302,7 +164,7 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
     ``--resume`` of a run that finished."""
     if name is not None:
         check_name(name)
-        exp_dir = S.join(storage, name)
+        exp_dir = files.join(storage, name)
         if resume:
             check_unlocked(storage, name, "--resume")
         if resume and not can_restore(exp_dir):
@@ -319,14 +181,14 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
     if not resume:
         return None
     newest = newest_run(base, storage)
-    if newest is None or not can_restore(S.join(storage, newest)):
-        where = S.join(storage, newest) if newest else f"{storage} (no folder {base}_<time>)"
+    if newest is None or not can_restore(files.join(storage, newest)):
+        where = files.join(storage, newest) if newest else f"{storage} (no folder {base}_<time>)"
         raise UsageError(
             f"--resume: no experiment of {base!r} to continue at {where}; pass the --name "
             f"and --storage-path of the interrupted run"
         )
     check_unlocked(storage, newest, "--resume")
-    _refuse_finished(newest, S.join(storage, newest))
+    _refuse_finished(newest, files.join(storage, newest))
     print(f"--resume: continuing the newest run of {base!r}: {newest}")
     return newest
 
@@ -363,25 +225,20 @@ def finished(exp_dir: str) -> tuple[int, str] | None:
         ...     before, finished(d)[0]
         (None, 1)
     """
-    import pyarrow.fs as pafs
-
     try:
-        fs, path = S.filesystem(exp_dir)
-        selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
-        names = [
-            i.base_name
-            for i in fs.get_file_info(selector)
-            if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, _EXPERIMENT_STATE_GLOB)
-        ]
-        if not names:
+        fs, path = files.resolve(exp_dir)
+        state_file = files.experiment_state_file(fs, path)
+        if state_file is None:
             return None
-        state = json.loads(files.read_bytes(fs, f"{path.rstrip('/')}/{max(names)}"))
+        state = json.loads(files.read_bytes(fs, state_file))
         statuses = [json.loads(entry[0]).get("status") for entry in state["trial_data"]]
-        results = S.join(exp_dir, RESULTS_FILE)
-        if not statuses or any(s != "TERMINATED" for s in statuses) or not S.exists(results):
+        results = files.join(exp_dir, RESULTS_FILE)
+        if not statuses or any(s != "TERMINATED" for s in statuses):
+            return None
+        if not files.exists(fs, posixpath.join(path, RESULTS_FILE)):
             return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return None  # S.StorageError is a ValueError
+        return None
     return len(statuses), results
 
 
@@ -389,7 +246,7 @@ def refuse_taken(storage: str, name: str) -> None:
     """Exit 2 when an experiment named ``name`` (given with --name) is already in
     ``storage``: Tune would start a new one in its folder and orphan the old trials."""
     check_unlocked(storage, name, "--name")
-    exp_dir = S.join(storage, name)
+    exp_dir = files.join(storage, name)
     done = finished(exp_dir)
     if done is not None:
         trials, results = done
@@ -441,11 +298,12 @@ def check_unchanged(exp_dir: str, spec: dict[str, Any], accept: bool) -> None:
     ``accept`` (--accept-changes), which prints what differs and goes on."""
     import yaml
 
-    location = S.join(exp_dir, EXPERIMENT_FILE)
-    if not S.exists(location):
+    location = files.join(exp_dir, EXPERIMENT_FILE)
+    fs, path = files.resolve(location)
+    if not files.exists(fs, path):
         return  # started before experiments were stored: nothing to compare with
     try:
-        stored = yaml.safe_load(S.read_bytes(location))
+        stored = yaml.safe_load(files.read_bytes(fs, path))
     except (OSError, yaml.YAMLError) as e:
         raise UsageError(
             f"--resume: cannot read {location} ({root_error(e)}); restore it, or start anew "
@@ -479,17 +337,15 @@ def resume_command(args: argparse.Namespace, exp: Any, name: str, storage: str) 
 def taken(exp_dir: str) -> bool:
     """Whether an experiment (anything) is at ``exp_dir``. Storage that cannot be reached is
     not judged here: --dry-run touches no storage, and a real run's check_writable names it."""
-    import pyarrow.fs as pafs
-
     try:
-        fs, path = S.filesystem(exp_dir)
-        if fs.get_file_info(path).type == pafs.FileType.File:
+        fs, path = files.resolve(exp_dir)
+        if files.is_file(fs, path):
             return True
-        selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+        selector = pyarrow.fs.FileSelector(path, allow_not_found=True, recursive=False)
         # A lone lock is a run that ended before writing anything (its stale lock is taken
         # over): nothing to resume or to lose.
         return any(i.base_name != LOCK_FILE for i in fs.get_file_info(selector))
-    except (OSError, S.StorageError):
+    except (OSError, ValueError):
         return False
 
 

@@ -3,17 +3,17 @@
 A storage location is a string: ``/mnt/nfs/exp`` or ``~/ray_results`` (made absolute here), or a
 URI such as ``s3://bucket/exp``, ``gs://bucket/exp`` or
 ``s3://bucket/exp?endpoint_override=127.0.0.1:9000&scheme=http``, which is passed to Tune
-untouched. Every file the CLI writes goes through ``pyarrow.fs``, so the same code serves all
-of them. On a multi-node cluster, ``check_reachable_from_nodes`` proves before any trial starts
-that every node sees what the driver wrote: since Ray 2.7 a trial whose node cannot reach the
-storage fails at its first checkpoint ("Unable to set up cluster storage").
+untouched. Files are read and written through ``rllib_amp.fs`` (a location resolved to a
+pyarrow filesystem and a path on it), so the same code serves all of them; this module holds
+the storage rules on top: which location, whether it is reachable and writable, whether an
+error is the storage failing. On a multi-node cluster, ``check_reachable_from_nodes`` proves
+before any trial starts that every node sees what the driver wrote: since Ray 2.7 a trial
+whose node cannot reach the storage fails at its first checkpoint ("Unable to set up cluster
+storage").
 
 Example:
-    >>> uri = "s3://bucket/exp?endpoint_override=127.0.0.1:9000&scheme=http"
-    >>> join(uri, "cartpole", "results.parquet")
-    's3://bucket/exp/cartpole/results.parquet?endpoint_override=127.0.0.1:9000&scheme=http'
-    >>> to_uri(uri, "bucket/exp/cartpole/trial_0/checkpoint_000001")
-    's3://bucket/exp/cartpole/trial_0/checkpoint_000001?endpoint_override=127.0.0.1:9000&scheme=http'
+    >>> resolve("file:///mnt/nfs/x", "/mnt/other", {})
+    'file:///mnt/nfs/x'
     >>> resolve(flag=None, from_file=None, env={})  # doctest: +SKIP
     '/home/me/ray_results'
 """
@@ -23,15 +23,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
-import urllib.parse
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rllib_amp import fs as files
+from rllib_amp.cli import root_error
 from rllib_amp.fs import is_uri
-
-__all__ = ["is_uri"]  # sweep/ asks storage whether a location is a URI; fs answers
 
 DEFAULT_STORAGE = "~/ray_results"
 # Set on every node of a cluster (see cluster.yaml) so the CLI writes to shared storage by
@@ -90,66 +88,38 @@ def resolve(
 
 
 def _normalise(location: str, where: str) -> str:
-    if is_uri(location):
-        _open(location, where)  # an unknown scheme is an error now, not mid-run (offline)
-        return location
+    if not is_uri(location):
+        try:
+            return files.local_path(location)
+        except ValueError as e:
+            raise StorageError(f"{where}: {e}") from None
     try:
-        return files.local_path(location)
-    except ValueError as e:
-        raise StorageError(f"{where}: {e}") from None
-
-
-def filesystem(location: str, *, where: str = "--storage-path") -> tuple[Any, str]:
-    """``(pyarrow FileSystem, path on it)`` for a location; StorageError if pyarrow cannot
-    open it, or if a URI's endpoint does not answer (``check_reachable``: once per endpoint,
-    so a dead one costs one timeout, not one per file)."""
-    opened = _open(location, where)
-    if is_uri(location):
-        check_reachable(location, where=where)
-    return opened
-
-
-def _open(location: str, where: str) -> tuple[Any, str]:
-    try:
-        return files.resolve(location)
+        files.resolve(location)  # an unknown scheme is an error now, not mid-run (offline)
     except (ValueError, OSError, TypeError) as e:
         raise StorageError(
-            f"{where}: pyarrow cannot open {location!r} ({_first_line_of(e)}); pass a local "
+            f"{where}: pyarrow cannot open {location!r} ({files.error_line(e)}); pass a local "
             f"path, a shared mount or a URI such as s3://BUCKET/experiments, "
             f"gs://BUCKET/experiments, abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/experiments"
         ) from None
-
-
-# Endpoints (scheme, host, query) that answered in this process. Only answers are kept: a
-# failure (a blip, a server still starting) is asked again at the next check.
-_reached: set[tuple[str, str, str]] = set()
+    return location
 
 
 def check_reachable(location: str, *, where: str = "--storage-path") -> None:
     """StorageError with one line naming ``location``, the cause and the fix when its
-    endpoint does not answer within the remote timeout (``rllib_amp.fs.remote_timeout_s``):
-    a closed port, a server that never answers, missing credentials. Local paths, and
-    endpoints that answered before in this process, are not asked again; an endpoint that
-    failed is asked again at the next call.
+    endpoint does not answer within the remote timeout (``rllib_amp.fs.probe``): a closed
+    port, a server that never answers, missing credentials. Local paths are not asked.
 
     Example:
         >>> check_reachable("/tmp")  # local: nothing to reach
     """
-    if not is_uri(location):
-        return
-    u = urllib.parse.urlparse(location)
-    key = (u.scheme, u.netloc, u.query)
-    if key in _reached:
-        return
     try:
         files.probe(location)
     except (OSError, ValueError) as e:
         raise StorageError(
-            f"{where}: cannot reach {location} ({_first_line_of(e)}); check that its "
+            f"{where}: cannot reach {location} ({files.error_line(e)}); check that its "
             f"endpoint is up and reachable from this machine and the credentials, or "
             f"pass another {where}"
         ) from None
-    _reached.add(key)
 
 
 # errno values that say the storage itself refused a write: a full disk, a read-only mount,
@@ -163,7 +133,7 @@ def failed(error: BaseException, exp_dir: str) -> bool:
 
     True when its errno says the storage refused a write (``FAILED_ERRNOS``) on a path under
     a local ``exp_dir``, or when the storage fails a fresh check now: its endpoint does not
-    answer (``check_reachable``, asked again) or a marker cannot be written to ``exp_dir``.
+    answer (``check_reachable``) or a marker cannot be written to ``exp_dir`` (``write_probe``).
 
     Example:
         >>> import tempfile
@@ -179,113 +149,99 @@ def failed(error: BaseException, exp_dir: str) -> bool:
                 return True
     try:
         check_reachable(exp_dir)
-        marker = join(exp_dir, f".rllib-amp-storage-check-{secrets.token_hex(8)}")
-        write_bytes(marker, b"x")
-        delete_file(marker)
-    except (OSError, StorageError):
+    except StorageError:
         return True
-    return False
+    return write_refused(exp_dir) is not None
+
+
+def write_refused(exp_dir: str) -> str | None:
+    """Why a small file cannot be written to (and removed from) ``exp_dir`` now, or None."""
+    try:
+        with files.write_probe(exp_dir):
+            return None
+    except (OSError, ValueError) as e:
+        return root_error(e)
+
+
+# A trial's root error (its ``Type: message`` line, as ``root_error`` gives it) that is the
+# storage refusing a write or not answering, not the trial's own fault: an OSError (pyarrow's
+# and Python's file errors) for a full disk (ENOSPC), a quota (EDQUOT), a read-only mount
+# (EROFS), a dead endpoint; Tune's RuntimeError for a node that cannot set up the storage.
+# The phrases count only in that line and after such a type: an env's own "Could not connect
+# to server" (a RuntimeError, a ConnectionError) is the trial's fault.
+_STORAGE_ERROR = re.compile(
+    r"^(?:[\w.]+\.)?(?:OSError|IOError|ArrowIOError): .*(?:No space left on device"
+    r"|Disk quota exceeded|Read-only file system|\[Errno (?:28|30|122)\]"
+    r"|AWS Error NETWORK_CONNECTION|Could not connect to server)"
+    r"|^(?:[\w.]+\.)?RuntimeError: Unable to set up cluster storage",
+    re.IGNORECASE,
+)
+_ENOSPC = re.compile(r"No space left on device|\[Errno 28\]", re.IGNORECASE)
+
+
+def stopped_on_storage(error: str | None) -> bool:
+    """Whether a trial's error (``root_error``'s line) is the storage failing under it.
+
+    Example:
+        >>> stopped_on_storage("OSError: [Errno 28] No space left on device")
+        True
+        >>> stopped_on_storage("RuntimeError: env: Could not connect to server 10.0.0.5")
+        False
+    """
+    line = (error or "").strip().splitlines()
+    return bool(line) and _STORAGE_ERROR.search(line[-1]) is not None
+
+
+def storage_fault(exp_dir: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """One line naming the storage error of a run, or None when there was none: a small
+    file cannot be written to ``exp_dir`` now, or trials stopped on a storage error
+    (``stopped_on_storage``: their root error line only). Said once for all trials, so the
+    CLI prints it instead of one failure line per trial; it still tries results.parquet
+    (``summary.try_write_parquet``) but writes nothing else there.
+
+    Example:
+        >>> import tempfile
+        >>> storage_fault(tempfile.mkdtemp(), [{"trial_id": "a", "error": None}]) is None
+        True
+    """
+    stopped = [r for r in rows if stopped_on_storage(r.get("error"))]
+    refused = write_refused(exp_dir)
+    if refused is None and not stopped:
+        return None
+    cause = refused or str(stopped[0]["error"])
+    what = "is full (ENOSPC)" if _ENOSPC.search(cause) else "failed"
+    ids = ", ".join(str(r["trial_id"]) for r in stopped)
+    on_it = f"; trial(s) {ids} stopped on it" if stopped else ""
+    return f"the storage at {exp_dir} {what}: {cause}{on_it}"
 
 
 def _is_within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def join(location: str, *parts: str) -> str:
-    """``location/part/...``; a URI keeps its scheme and query (``rllib_amp.fs.join``)."""
-    return files.join(location, *parts)
-
-
-def to_uri(location: str, fs_path: str) -> str:
-    """A path on ``location``'s filesystem (as Tune reports checkpoints) as a full location
-    with ``location``'s scheme and query, so it can be pasted back into the CLI.
-
-    pyarrow's paths start with the bucket (``s3://``, ``gs://``) or the container
-    (``abfs://container@account...``); filesystems addressed by host (``hdfs://``) and
-    ``file://`` give absolute paths.
-    """
-    if not is_uri(location):
-        return fs_path
-    u = urllib.parse.urlparse(location)
-    if fs_path.startswith("/"):
-        return urllib.parse.urlunparse(u._replace(path=fs_path))
-    first, _, rest = fs_path.partition("/")
-    named = {u.netloc, u.netloc.split("@", 1)[0], u.netloc.rsplit("@", 1)[-1]}
-    netloc = u.netloc if first in named else first
-    return urllib.parse.urlunparse(u._replace(netloc=netloc, path="/" + rest if rest else ""))
-
-
-def exists(location: str) -> bool:
-    """True when a file or folder is at ``location``."""
-    return files.exists(*filesystem(location))
-
-
-def has_contents(location: str) -> bool:
-    """True when ``location`` is a file, or a folder with anything in it (on object stores,
-    any object under that prefix).
-
-    Example:
-        >>> has_contents("/nonexistent/folder")
-        False
-    """
-    import pyarrow.fs as pafs
-
-    fs, path = filesystem(location)
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.File:
-        return True
-    selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
-    return bool(fs.get_file_info(selector))
-
-
-def write_bytes(location: str, data: bytes) -> None:
-    """Writes ``data`` to the file at ``location`` (its folder is made if needed)."""
-    files.write_bytes(*filesystem(location), data)
-
-
-def read_bytes(location: str) -> bytes:
-    """The content of the file at ``location``."""
-    return files.read_bytes(*filesystem(location))
-
-
-def delete_file(location: str) -> None:
-    """Removes the file at ``location``; a file already gone is fine."""
-    fs, path = filesystem(location)
-    with contextlib.suppress(FileNotFoundError):
-        fs.delete_file(path)
-
-
-def _first_line_of(e: BaseException) -> str:
-    return files.error_line(e)
-
-
 def _read_marker(location: str) -> bytes:
     # Runs on each node (a Ray task): pyarrow only, so it has no state to carry over.
-    return read_bytes(location)
+    return files.read_bytes(*files.resolve(location))
 
 
 def check_writable(location: str) -> None:
-    """Writes, reads back and removes a marker file: StorageError with the cause if any step
-    fails (a missing bucket, no credentials, a read-only folder).
+    """Writes, reads back and removes a marker file (``rllib_amp.fs.write_probe``):
+    StorageError with the cause if any step fails (a missing bucket, no credentials, a
+    read-only folder), or if a URI's endpoint does not answer (``check_reachable``).
 
     Example:
         >>> check_writable("/tmp")  # returns None when the driver can use it
     """
     check_reachable(location)  # one timeout for a dead endpoint, named as such
-    marker = _marker(location)
-    created_root = _make_root(location)
     try:
-        token = secrets.token_bytes(16)
-        write_bytes(marker, token)
-        if read_bytes(marker) != token:
-            raise OSError("the marker read back differs from what was written")
+        with files.write_probe(location) as (marker, token):
+            if _read_marker(marker) != token:
+                raise OSError("the marker read back differs from what was written")
     except (OSError, ValueError) as e:
-        _cleanup(marker, location, created_root)
         raise StorageError(
-            f"--storage-path: cannot write to {location} ({_first_line_of(e)}); check the "
+            f"--storage-path: cannot write to {location} ({files.error_line(e)}); check the "
             f"location and its permissions or credentials, or pass another --storage-path"
         ) from None
-    _cleanup(marker, location, created_root)
 
 
 def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOUT_S) -> int:
@@ -307,41 +263,35 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) < 2:
         return len(nodes)
-    marker = _marker(location)
-    created_root = _make_root(location)
-    token = secrets.token_bytes(16)
-    try:
-        write_bytes(marker, token)
-    except (OSError, ValueError) as e:
-        _cleanup(marker, location, created_root)
-        raise StorageError(
-            f"--storage-path: cannot write to {location} ({_first_line_of(e)}); {FIX}"
-        ) from None
     reader = ray.remote(_read_marker)
-    refs = {
-        reader.options(
-            num_cpus=0,
-            max_retries=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-        ).remote(marker): n
-        for n in nodes
-    }
+    failures = []
     try:
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        failures = [f"{_node_name(refs[r])}: no answer within {timeout_s:.0f} s" for r in pending]
-        for r in ready:
-            try:
-                got = ray.get(r)
-            except Exception as e:  # the task's error says why this node cannot read it
-                cause = getattr(e, "cause", None) or e
-                failures.append(f"{_node_name(refs[r])}: {_first_line_of(cause)}")
-                continue
-            if got != token:
-                failures.append(f"{_node_name(refs[r])}: read a different file at that path")
-        for r in pending:
-            ray.cancel(r, force=True)
-    finally:
-        _cleanup(marker, location, created_root)
+        with files.write_probe(location) as (marker, token):
+            refs = {
+                reader.options(
+                    num_cpus=0,
+                    max_retries=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+                ).remote(marker): n
+                for n in nodes
+            }
+            ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+            for r in pending:
+                failures.append(f"{_node_name(refs[r])}: no answer within {timeout_s:.0f} s")
+                ray.cancel(r, force=True)
+            for r in ready:
+                try:
+                    got = ray.get(r)
+                except Exception as e:  # the task's error says why this node cannot read it
+                    cause = getattr(e, "cause", None) or e
+                    failures.append(f"{_node_name(refs[r])}: {files.error_line(cause)}")
+                    continue
+                if got != token:
+                    failures.append(f"{_node_name(refs[r])}: read a different file at that path")
+    except (OSError, ValueError) as e:
+        raise StorageError(
+            f"--storage-path: cannot write to {location} ({files.error_line(e)}); {FIX}"
+        ) from None
     if failures:
         raise StorageError(
             f"--storage-path: {location} is not reachable from {len(failures)} of "
@@ -435,26 +385,3 @@ def _replace_whole(source_fs: Any, src: str, dst: str) -> None:
 
 def _node_name(node: Mapping[str, Any]) -> str:
     return f"node {node['NodeID'][:8]} at {node.get('NodeManagerAddress', '?')}"
-
-
-def _marker(location: str) -> str:
-    return join(location, f".rllib-amp-storage-check-{secrets.token_hex(8)}")
-
-
-def _make_root(location: str) -> bool:
-    """True when ``location`` is a local folder that does not exist yet (writing the marker
-    makes it; ``_cleanup`` removes it again if it is still empty)."""
-    return not is_uri(location) and not exists(location)
-
-
-def _cleanup(marker: str, location: str, created_root: bool) -> None:
-    import pyarrow.fs as pafs
-
-    try:
-        delete_file(marker)
-        if created_root:
-            fs, path = filesystem(location)
-            if not fs.get_file_info(pafs.FileSelector(path)):
-                fs.delete_dir(path)  # only while empty: nothing of anyone else's goes
-    except OSError:
-        pass

@@ -17,19 +17,19 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import os
+import posixpath
 import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from rllib_amp import fs as files
 from rllib_amp.checks import is_number
 from rllib_amp.cli import root_error
 from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.settings import AMP_CONFIG_KEY
-from rllib_amp.sweep import storage as S
 
 MODULE_ID = "default_policy"
 STEPS_KEY = "num_env_steps_sampled_lifetime"
@@ -59,18 +59,20 @@ def config_path(dotted: str, config: dict[str, Any]) -> tuple[str, ...]:
     return (head, *parts[1:])
 
 
-def _dig(d: Any, path: Sequence[str]) -> Any:
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return None
-        d = d[key]
-    return d
+def _lookup(d: dict[str, Any], path: Sequence[str]) -> Any:
+    """``d[path[0]][path[1]]...``, or None where a key is missing."""
+    from ray.tune.utils import unflattened_lookup
+
+    try:
+        return unflattened_lookup("/".join(path), d, default=None)
+    except (TypeError, ValueError, IndexError):  # a leaf met before the path ended
+        return None
 
 
 def _metric(result: dict[str, Any] | None, key: str) -> Any:
     if not result:
         return None
-    value = result[key] if key in result else _dig(result, key.split("/"))
+    value = _lookup(result, key.split("/"))
     # RLlib reduces metrics with numpy: a numpy scalar is no int or float to is_number.
     return value.item() if hasattr(value, "item") and not isinstance(value, Sequence) else value
 
@@ -207,7 +209,7 @@ def summarize(exp: Any, grid: Any, storage: str | None = None) -> list[dict[str,
         # A trial that never reported has Tune's placeholder metrics (trial_id "default").
         row: dict[str, Any] = {"trial_id": _trial_id(result.path) or final.get("trial_id")}
         for key in exp.search:
-            row[key] = _dig(cfg, config_path(key, cfg))
+            row[key] = _lookup(cfg, config_path(key, cfg))
         seed = cfg.get("seed")
         row["seed"] = seed if seed is not None else exp.data.get("seed")
         row["base_seed"] = exp.data.get("seed")
@@ -295,7 +297,7 @@ def _amp_settings(cfg: dict[str, Any]) -> Any:
     from rllib_amp.settings import AmpSettings
 
     try:
-        return AmpSettings.from_dict(_dig(cfg, ("learner_config_dict", AMP_CONFIG_KEY)))
+        return AmpSettings.from_dict(_lookup(cfg, ("learner_config_dict", AMP_CONFIG_KEY)))
     except Exception:  # noqa: BLE001 - the advice then names no values
         return None
 
@@ -337,13 +339,13 @@ def _error_file(result: Any, storage: str | None) -> str | None:
     if not result.path:
         return None
     path = f"{result.path.rstrip('/')}/error.txt"
-    return S.to_uri(storage, path) if storage else path
+    return files.to_uri(storage, path) if storage else path
 
 
 def _checkpoint_location(checkpoint: Any, storage: str | None) -> str | None:
     if checkpoint is None:
         return None
-    return S.to_uri(storage, checkpoint.path) if storage else checkpoint.path
+    return files.to_uri(storage, checkpoint.path) if storage else checkpoint.path
 
 
 def format_value(v: Any) -> str:
@@ -406,81 +408,16 @@ def target_line(exp: Any, rows: Sequence[dict[str, Any]], threshold: float) -> s
     )
 
 
-# A trial's root error (its ``Type: message`` line, as ``root_error`` gives it) that is the
-# storage refusing a write or not answering, not the trial's own fault: an OSError (pyarrow's
-# and Python's file errors) for a full disk (ENOSPC), a quota (EDQUOT), a read-only mount
-# (EROFS), a dead endpoint; Tune's RuntimeError for a node that cannot set up the storage.
-# The phrases count only in that line and after such a type: an env's own "Could not connect
-# to server" (a RuntimeError, a ConnectionError) is the trial's fault.
-_STORAGE_ERROR = re.compile(
-    r"^(?:[\w.]+\.)?(?:OSError|IOError|ArrowIOError): .*(?:No space left on device"
-    r"|Disk quota exceeded|Read-only file system|\[Errno (?:28|30|122)\]"
-    r"|AWS Error NETWORK_CONNECTION|Could not connect to server)"
-    r"|^(?:[\w.]+\.)?RuntimeError: Unable to set up cluster storage",
-    re.IGNORECASE,
-)
-_ENOSPC = re.compile(r"No space left on device|\[Errno 28\]", re.IGNORECASE)
-
-
-def stopped_on_storage(error: str | None) -> bool:
-    """Whether a trial's error (``root_error``'s line) is the storage failing under it.
-
-    Example:
-        >>> stopped_on_storage("OSError: [Errno 28] No space left on device")
-        True
-        >>> stopped_on_storage("RuntimeError: env: Could not connect to server 10.0.0.5")
-        False
-    """
-    line = (error or "").strip().splitlines()
-    return bool(line) and _STORAGE_ERROR.search(line[-1]) is not None
-
-
-def storage_fault(exp_dir: str, rows: Sequence[dict[str, Any]]) -> str | None:
-    """One line naming the storage error of a run, or None when there was none: a small
-    file cannot be written to ``exp_dir`` now, or trials stopped on a storage error
-    (``stopped_on_storage``: their root error line only). Said once for all trials, so the
-    CLI prints it instead of one failure line per trial; it still tries results.parquet
-    (``try_write_parquet``) but writes nothing else there.
-
-    Example:
-        >>> import tempfile
-        >>> storage_fault(tempfile.mkdtemp(), [{"trial_id": "a", "error": None}]) is None
-        True
-    """
-    stopped = [r for r in rows if stopped_on_storage(r.get("error"))]
-    refused = _write_refused(exp_dir)
-    if refused is None and not stopped:
-        return None
-    cause = refused or str(stopped[0]["error"])
-    what = "is full (ENOSPC)" if _ENOSPC.search(cause) else "failed"
-    ids = ", ".join(str(r["trial_id"]) for r in stopped)
-    on_it = f"; trial(s) {ids} stopped on it" if stopped else ""
-    return f"the storage at {exp_dir} {what}: {cause}{on_it}"
-
-
 def try_write_parquet(rows: list[dict[str, Any]], path: str) -> bool:
     """``write_parquet`` on a storage that failed: True once written; False, and no part
     of the file left behind, when the write fails too."""
     try:
         write_parquet(rows, path)
-    except (OSError, S.StorageError):
-        with contextlib.suppress(OSError, S.StorageError):
-            S.delete_file(path)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            files.delete_file(*files.resolve(path))
         return False
     return True
-
-
-def _write_refused(exp_dir: str) -> str | None:
-    """Why a small file cannot be written to (and removed from) ``exp_dir`` now, or None."""
-    marker = S.join(exp_dir, f".rllib-amp-storage-check-{os.getpid()}")
-    try:
-        S.write_bytes(marker, b"x")
-        S.delete_file(marker)
-    except (OSError, S.StorageError) as e:
-        with contextlib.suppress(OSError, S.StorageError):
-            S.delete_file(marker)
-        return root_error(e)
-    return None
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
@@ -497,6 +434,6 @@ def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
         ):
             values = [None if v is None else float(v) for v in values]
         columns[key] = values
-    buffer = io.BytesIO()
-    pq.write_table(pa.table(columns), buffer)
-    S.write_bytes(path, buffer.getvalue())
+    fs, fs_path = files.resolve(path)
+    fs.create_dir(posixpath.dirname(fs_path), recursive=True)
+    pq.write_table(pa.table(columns), fs_path, filesystem=fs)

@@ -21,10 +21,10 @@ import threading
 from functools import partial
 from typing import Any
 
+from rllib_amp import fs as files
 from rllib_amp.cli import STOP_SIGNALS, Interrupted, root_error, silence_closed_terminal
 from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.sweep import loggers
-from rllib_amp.sweep import storage as S
 from rllib_amp.sweep.summary import amp_metric_key, config_path
 
 # Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
@@ -78,7 +78,7 @@ def build_tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, res
         )
     if restore:
         return tune.Tuner.restore(
-            S.join(storage, name),
+            files.join(storage, name),
             trainable=trainable,
             resume_unfinished=True,
             resume_errored=True,

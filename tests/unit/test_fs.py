@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pyarrow.fs
@@ -95,7 +96,6 @@ def test_write_then_read_bytes_makes_the_folder(tmp_path):
 )
 def test_join_puts_the_parts_before_a_uris_query(location, parts, joined):
     assert fs.join(location, *parts) == joined
-    assert storage.join(location, *parts) == joined  # one rule: storage asks fs
 
 
 def test_remote_timeout_comes_from_the_environment_and_bad_values_name_it():
@@ -143,146 +143,31 @@ def test_probe_gives_up_on_a_remote_that_never_answers_and_reports_a_refusal(mon
     port = closed_port()
     _no_cloud_credentials_lookup(monkeypatch, port)
     with pytest.raises(OSError, match="Could not connect|connect"):
-        fs.probe(f"s3://b/x?endpoint_override=127.0.0.1:{port}&scheme=http", timeout_s=60)
-    # The abandoned request ends on the filesystem's own timeouts (1 s a try) soon after.
-    monkeypatch.setenv(fs.REMOTE_TIMEOUT_ENV, "3")
+        fs.probe(f"s3://b/x?endpoint_override=127.0.0.1:{port}&scheme=http")
+    # pyarrow's own timeouts end the call: a third of the timeout a try, REMOTE_ATTEMPTS tries.
+    monkeypatch.setenv(fs.REMOTE_TIMEOUT_ENV, "1.5")
     with silent_listener() as (silent, accepted):
         start = time.monotonic()
         uri = f"s3://b/x?endpoint_override=127.0.0.1:{silent}&scheme=http"
-        with pytest.raises(fs.RemoteTimeout, match=r"^no answer from s3://b/x\?.* within 1 s$"):
-            fs.probe(uri, timeout_s=1)
+        with pytest.raises(fs.RemoteTimeout, match=r"^no answer from s3://b/x\?.* within 1.5 s$"):
+            fs.probe(uri)
         assert accepted.is_set()  # it did reach the listener, which never answered
         assert time.monotonic() - start < 30
-    fs.probe("/no/such/local/folder", timeout_s=1)  # local paths: nothing to reach
+    fs.probe("/no/such/local/folder")  # local paths: nothing to reach
 
 
-def test_bounded_returns_raises_or_times_out():
-    import threading
+def test_s3_calls_are_bounded_by_pyarrow_with_a_bounded_retry_strategy(monkeypatch):
+    from tests.cluster.s3 import closed_port
 
-    assert fs.bounded(lambda: 7, "x", timeout_s=5) == 7
-    with pytest.raises(KeyError):
-        fs.bounded(lambda: {}["k"], "x", timeout_s=5)
-    release = threading.Event()
-    with pytest.raises(fs.RemoteTimeout, match="^no answer from s3://far within 0.2 s$"):
-        fs.bounded(lambda: release.wait(30), "s3://far", timeout_s=0.2)
-    release.set()
-
-
-# A process that waits in ``bounded`` on a call that never returns, as the CLI (the entry
-# point's run_as_command, then main_wrapper) or as a library caller (which catches what
-# bounded raises and exits 3). An exit handler registered before the wait says it ran.
-_WAITER = """
-import atexit, sys, threading
-from rllib_amp import cli, fs
-atexit.register(lambda: print("earlier exit handler ran", flush=True))
-def never_returns():
-    print("waiting", flush=True)
-    threading.Event().wait()
-def wait(argv):
-    fs.bounded(never_returns, "s3://never", timeout_s=600)
-    return 0
-if sys.argv[1] == "command":
-    cli.run_as_command()
-    sys.exit(cli.main_wrapper("prog", wait, []))
-try:
-    with cli.signals_as_interrupts():
-        wait([])
-except fs.RemoteCallInterrupted as e:
-    print(f"library: signum={e.signum}: {e}", flush=True)
-    sys.exit(3)
-"""
-
-
-def test_a_signal_during_a_remote_wait_exits_with_its_status_and_only_a_command_is_forced():
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cases = [(m, s) for m in ("command", "library") for s in (signal.SIGINT, signal.SIGTERM)]
-    procs = {}
-    for mode, signum in cases:  # all at once: each start is an interpreter and pyarrow
-        procs[mode, signum] = subprocess.Popen(
-            [sys.executable, "-c", _WAITER, mode], cwd=root, text=True,
-            env=dict(os.environ, PYTHONPATH=root),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
-    for proc in procs.values():
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "waiting", proc.communicate(timeout=60)
-    time.sleep(0.5)  # the main threads are in bounded's wait by now
-    for (_, signum), proc in procs.items():
-        proc.send_signal(signum)
-    for (mode, signum), proc in procs.items():
-        out, err = proc.communicate(timeout=60)
-        label = f"{mode} {signal.Signals(signum).name}: {out}{err}"
-        assert "Traceback" not in err, label
-        if mode == "command":  # the shells' status for that signal, not always 130
-            assert proc.returncode == 128 + signum, label
-        else:  # a library caller's process: its own status, its exit handlers run
-            assert proc.returncode == 3, label
-            assert f"library: signum={int(signum)}: interrupted while waiting for s3://never" in out
-            assert "earlier exit handler ran" in out, label
-
-
-# A command (or a library caller) whose remote call never answers within bounded's timeout:
-# it says so in one line and ends with status 2. The call stays inside its "library" (here a
-# wait) on its thread; an exit handler registered before it stands for pyarrow's C++ state,
-# which a normal exit destroys under that thread (the SIGSEGV after the line, seen once in
-# a gs:// check): it must not run while the call still runs in a command.
-_LEFT_RUNNING = """
-import atexit, sys, threading
-from rllib_amp import cli, fs
-stuck = threading.Event()
-atexit.register(lambda: print("exit handlers ran", "under the call" if stuck.is_set()
-                              else "after the call", flush=True))
-def never_answers():
-    stuck.set()
-    threading.Event().wait(float(sys.argv[2]))
-    stuck.clear()
-def check(argv):
-    try:
-        fs.bounded(never_answers, "gs://silent", timeout_s=0.3)
-    except fs.RemoteTimeout as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-if sys.argv[1] == "command":
-    cli.run_as_command()
-    cli.exit_command(cli.main_wrapper("prog", check, []))
-sys.exit(check([]))
-"""
-
-
-@pytest.mark.parametrize("mode", ["command", "library"])
-def test_a_command_does_not_exit_under_a_remote_call_left_running(mode):
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(
-        [sys.executable, "-c", _LEFT_RUNNING, mode, "2"], cwd=root, text=True, timeout=60,
-        env=dict(os.environ, PYTHONPATH=root), capture_output=True,
-    )  # fmt: skip
-    label = f"{mode}: {proc.stdout}{proc.stderr}"
-    assert proc.returncode == 2, label
-    assert proc.stderr == "error: no answer from gs://silent within 0.3 s\n", label
-    if mode == "command":  # ended at once: its last line flushed, nothing torn down under it
-        assert "exit handlers ran" not in proc.stdout, label
-    else:  # a library caller's process is its own: a normal exit, its handlers run
-        assert "exit handlers ran" in proc.stdout, label
-    # A call that ended before the exit leaves a command a normal exit too.
-    if mode == "command":
-        proc = subprocess.run(
-            [sys.executable, "-c", _LEFT_RUNNING.replace("timeout_s=0.3", "timeout_s=5"),
-             mode, "0.1"], cwd=root, text=True, timeout=60,
-            env=dict(os.environ, PYTHONPATH=root), capture_output=True,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "exit handlers ran after the call" in proc.stdout, proc.stdout + proc.stderr
+    _no_cloud_credentials_lookup(monkeypatch, closed_port())
+    monkeypatch.setenv(fs.REMOTE_TIMEOUT_ENV, "6")
+    built = []
+    real = pyarrow.fs.S3FileSystem
+    monkeypatch.setattr(pyarrow.fs, "S3FileSystem", lambda **kw: built.append(kw) or real(**kw))
+    fs.resolve("s3://b/x?endpoint_override=127.0.0.1:1&scheme=http")
+    (options,) = built
+    assert options["connect_timeout"] == options["request_timeout"] == 2.0
+    assert isinstance(options["retry_strategy"], pyarrow.fs.AwsStandardS3RetryStrategy)
 
 
 def test_a_warm_start_source_that_cannot_be_opened_is_one_line(monkeypatch):
@@ -298,3 +183,26 @@ def test_a_warm_start_source_that_cannot_be_opened_is_one_line(monkeypatch):
     line = str(e.value)
     assert line.startswith(f"amp.warm_start.from: cannot read {source!r} (") and "\n" not in line
     assert "drop warm_start" in line
+
+
+def test_the_write_probe_leaves_nothing_behind_and_names_an_unwritable_place(tmp_path):
+    fresh = tmp_path / "fresh"
+    with fs.write_probe(str(fresh)) as (marker, token):
+        assert fs.read_bytes(*fs.resolve(marker)) == token
+        assert os.path.basename(marker).startswith(fs.PROBE_PREFIX)
+    assert not fresh.exists()  # made for the probe, removed again (it was empty)
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where a folder should be")
+    with pytest.raises(OSError), fs.write_probe(str(blocked / "sub")):
+        pass
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_the_newest_experiment_state_file_is_found_by_name(tmp_path):
+    local = pyarrow.fs.LocalFileSystem()
+    assert fs.experiment_state_file(local, str(tmp_path)) is None
+    for stamp in ("2026-12-01_16-20-03", "2026-12-02_08-00-00"):
+        (tmp_path / f"experiment_state-{stamp}.json").write_text("{}")
+    (tmp_path / "experiment_state-2027.json.before-fallback").write_text("{}")
+    newest = fs.experiment_state_file(local, str(tmp_path))
+    assert newest == str(tmp_path / "experiment_state-2026-12-02_08-00-00.json")

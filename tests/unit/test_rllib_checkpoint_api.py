@@ -112,7 +112,7 @@ def test_state_file_names_and_component_keys_we_check():
 
 def test_tune_checkpoint_and_experiment_state_names():
     assert fs.CHECKPOINT_FOLDER.match(StorageContext._make_checkpoint_dir_name(7))
-    assert TuneController.CKPT_FILE_TMPL.format("*") == checkpoint_fallback._EXPERIMENT_STATE_GLOB
+    assert TuneController.CKPT_FILE_TMPL.format("*") == fs.EXPERIMENT_STATE_GLOB
 
 
 def test_tune_checkpoint_manager_records_what_the_fallback_reads(tmp_path):

@@ -3,7 +3,6 @@ line, before Ray starts, and the first runs on untouched."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -13,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rllib_amp.sweep import main as cli
-from rllib_amp.sweep import resume as R
+from rllib_amp.sweep.lock import LOCK_FILE
 
 
 @pytest.mark.usefixtures("ray_must_not_start")
@@ -27,21 +26,21 @@ from rllib_amp.sweep import resume as R
     ids=["same-name", "resume-by-name", "resume-newest"],
 )
 def test_a_command_on_a_locked_experiment_is_refused_before_ray(
-    tmp_path, tiny_file, capsys, live_pid, flags, where
+    tmp_path, tiny_file, capsys, lock_holder, flags, where
 ):
     config = tiny_file(tmp_path)
     name = "exp" if "--name" in flags else "tiny_2026-12-01_16-20-03"
     folder = tmp_path / "runs" / name
     folder.mkdir(parents=True)
-    (folder / R.LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": live_pid}))
+    holder = lock_holder(folder / LOCK_FILE)  # a running sweep's lock
     (folder / "tuner.pkl").write_bytes(b"the running sweep's")
     args = ["--config", config, "--storage-path", str(tmp_path / "runs"), *flags]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert err.startswith(f"python -m rllib_amp.tune: error: {where}: experiment {name!r}")
-    assert f"in use by pid {live_pid} on {socket.gethostname()}" in err
-    assert sorted(os.listdir(folder)) == sorted([R.LOCK_FILE, "tuner.pkl"])
+    assert f"in use by pid {holder} on {socket.gethostname()}" in err
+    assert sorted(os.listdir(folder)) == sorted([LOCK_FILE, "tuner.pkl"])
     assert (folder / "tuner.pkl").read_bytes() == b"the running sweep's"
 
 
@@ -56,7 +55,7 @@ def test_a_resume_while_the_sweep_runs_is_refused_and_the_sweep_finishes(
     config = tiny_file(tmp_path, iterations=3)
     cmd = session_sweep(config, tmp_path, "busy")
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lock = tmp_path / "busy" / R.LOCK_FILE
+    lock = tmp_path / "busy" / LOCK_FILE
     deadline = time.time() + 120
     while not lock.exists() and time.time() < deadline and first.poll() is None:
         time.sleep(0.05)

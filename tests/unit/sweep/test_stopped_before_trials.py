@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from rllib_amp.cli import Interrupted, UsageError
+from rllib_amp.sweep import lock as experiment_lock
 from rllib_amp.sweep import main as sweep_main
 from rllib_amp.sweep import resume as R
 from rllib_amp.sweep import tuner as T
@@ -46,9 +47,9 @@ def building(monkeypatch):
         stop = T.StopOnSignals()
         stop.resume_command = resume_command
         stop.ray_dead = ray_dead
-        with R.locks_released():
+        with experiment_lock.locks_released():
             if name is not None:
-                R.lock(storage, name, "--resume" if resume else "--name")
+                experiment_lock.lock(storage, name, "--resume" if resume else "--name")
             with pytest.raises(type(stop_with)) as e:
                 sweep_main._tune(SimpleNamespace(name="tiny"), args, storage, name, {},
                                  "127.0.0.1:1", "--address", None, stop)  # fmt: skip

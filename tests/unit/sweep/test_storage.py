@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from rllib_amp import fs
 from rllib_amp.sweep import storage as S
 from tests.cluster.s3 import moto_s3
 
@@ -57,20 +58,13 @@ def test_bad_locations_name_where_they_came_from_and_the_fix(flag, file, env, fr
     ],
 )  # fmt: skip
 def test_checkpoint_paths_become_uris_on_the_same_storage(location, fs_path, uri):
-    assert S.to_uri(location, fs_path) == uri
-
-
-def test_join_keeps_the_query():
-    assert S.join(URI, "cartpole", "results.parquet") == (
-        "s3://bucket/exp/cartpole/results.parquet?endpoint_override=127.0.0.1:9000&scheme=http"
-    )
-    assert S.join("/a/b", "c") == "/a/b/c"
+    assert fs.to_uri(location, fs_path) == uri
 
 
 def test_local_write_read_and_a_check_that_leaves_nothing_behind(tmp_path):
-    target = S.join(str(tmp_path), "new", "deep", "f.bin")
-    S.write_bytes(target, b"abc")
-    assert S.read_bytes(target) == b"abc" and S.exists(target)
+    target = fs.join(str(tmp_path), "new", "deep", "f.bin")
+    fs.write_bytes(*fs.resolve(target), b"abc")
+    assert fs.read_bytes(*fs.resolve(target)) == b"abc" and fs.exists(*fs.resolve(target))
     fresh = str(tmp_path / "fresh")
     S.check_writable(fresh)
     assert not os.path.exists(fresh)  # made for the check, removed again (it was empty)
@@ -92,13 +86,14 @@ def test_s3_write_read_through_the_uri_on_a_real_s3_server():
     with moto_s3() as s3:
         uri = s3.uri("exp")
         S.check_writable(uri)
-        S.write_bytes(S.join(uri, "name", "results.parquet"), b"rows")
+        fs.write_bytes(*fs.resolve(fs.join(uri, "name", "results.parquet")), b"rows")
         assert s3.list("exp") == [f"{s3.bucket}/exp/name", f"{s3.bucket}/exp/name/results.parquet"]
-        assert S.read_bytes(S.join(uri, "name", "results.parquet")) == b"rows"
-        assert S.exists(S.join(uri, "name")) and not S.exists(S.join(uri, "other"))
+        assert fs.read_bytes(*fs.resolve(fs.join(uri, "name", "results.parquet"))) == b"rows"
+        assert fs.exists(*fs.resolve(fs.join(uri, "name")))
+        assert not fs.exists(*fs.resolve(fs.join(uri, "other")))
 
 
-def test_unreachable_storage_is_one_line_and_asked_again(monkeypatch):
+def test_unreachable_storage_is_one_line(monkeypatch):
     from tests.cluster.s3 import ENV, closed_port
 
     for key, value in ENV.items():
@@ -109,32 +104,9 @@ def test_unreachable_storage_is_one_line_and_asked_again(monkeypatch):
     line = str(e.value)
     assert line.startswith(f"--storage-path: cannot reach {uri} (") and "\n" not in line
     assert "Could not connect" in line and "pass another --storage-path" in line
-    for call in (S.exists, S.read_bytes, S.check_writable):  # every access: the same line
-        with pytest.raises(S.StorageError, match="cannot reach"):
-            call(S.join(uri, "name"))
+    with pytest.raises(S.StorageError, match="cannot reach"):  # the write check: the same line
+        S.check_writable(fs.join(uri, "name"))
     S.check_reachable("/no/such/local/folder")  # local: nothing to reach
-
-
-def test_a_failed_probe_is_asked_again_and_an_answer_is_kept(monkeypatch):
-    from rllib_amp import fs
-
-    asked = []
-    answers = iter([OSError("Could not connect to server"), None, None])
-
-    def probe(location, timeout_s=None):
-        asked.append(location)
-        answer = next(answers)
-        if answer is not None:
-            raise answer
-
-    monkeypatch.setattr(fs, "probe", probe)
-    monkeypatch.setattr(S, "_reached", set())
-    uri = "s3://bucket/exp?endpoint_override=127.0.0.1:1&scheme=http"
-    with pytest.raises(S.StorageError, match="Could not connect"):
-        S.check_reachable(uri)
-    S.check_reachable(uri)  # a blip: asked again, and it answers now
-    S.check_reachable(S.join(uri, "other"))  # the same endpoint: not asked a third time
-    assert len(asked) == 2
 
 
 def test_only_the_storage_failing_is_a_storage_failure(tmp_path, monkeypatch):
@@ -144,7 +116,7 @@ def test_only_the_storage_failing_is_a_storage_failure(tmp_path, monkeypatch):
     exp.mkdir()
     inside = str(exp / "trial" / "result.json")
     # The storage's own errno on a path in it: failed, without asking the storage again.
-    monkeypatch.setattr(S, "write_bytes", lambda *a: pytest.fail("asked the storage"))
+    monkeypatch.setattr(fs, "write_probe", lambda *a: pytest.fail("asked the storage"))
     for code in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES):
         assert S.failed(OSError(code, os.strerror(code), inside), str(exp))
     monkeypatch.undo()
@@ -156,7 +128,7 @@ def test_only_the_storage_failing_is_a_storage_failure(tmp_path, monkeypatch):
     blocked = tmp_path / "file"  # a file where the experiment folder should be
     blocked.write_text("x")
     assert S.failed(OSError("When reading information for key"), str(blocked))
-    # A URI: its endpoint is asked again (a failure is never kept).
+    # A URI: its endpoint is asked afresh.
     monkeypatch.setattr(S, "check_reachable", lambda location: _raise(S.StorageError("down")))
     assert S.failed(OSError("AWS Error NETWORK_CONNECTION"), "s3://bucket/exp/name")
 
@@ -261,23 +233,21 @@ def _uploads_replace_files_whole(tmp_path, monkeypatch):
 
 
 def test_the_summary_names_a_storage_error_once(tmp_path):
-    from rllib_amp.sweep.summary import storage_fault
-
     rows = [
         {"trial_id": "a_00000", "error": "OSError: [Errno 28] No space left on device"},
         {"trial_id": "a_00001", "error": "OSError: [Errno 28] No space left on device"},
         {"trial_id": "a_00002", "error": "ValueError: the trial's own fault"},
         {"trial_id": "a_00003", "error": None},
     ]
-    line = storage_fault(str(tmp_path), rows)
+    line = S.storage_fault(str(tmp_path), rows)
     assert line is not None and "\n" not in line
     assert line.startswith(f"the storage at {tmp_path} is full (ENOSPC): OSError: [Errno 28]")
     assert line.endswith("trial(s) a_00000, a_00001 stopped on it")
-    assert storage_fault(str(tmp_path), rows[2:]) is None  # no storage error: nothing said
+    assert S.storage_fault(str(tmp_path), rows[2:]) is None  # no storage error: nothing said
     # Storage that refuses a write now is named even when no trial saw it.
     blocked = tmp_path / "file"
     blocked.write_text("a file where the experiment folder should be")
-    line = storage_fault(str(blocked), rows[2:])
+    line = S.storage_fault(str(blocked), rows[2:])
     assert line is not None and line.startswith(f"the storage at {blocked} failed: ")
     assert os.listdir(tmp_path) == ["file"]  # the check leaves nothing behind
 
@@ -306,7 +276,7 @@ def test_a_checkpoint_uri_as_the_summary_prints_it_reads_back_as_a_warm_start(tm
         storage = s3.uri("experiments")
         fs_path = f"{s3.bucket}/experiments/run/trial_0/checkpoint_000003"
         pyarrow.fs.copy_files(str(ckpt), fs_path, destination_filesystem=s3.fs)
-        printed = S.to_uri(storage, fs_path)  # what "Best trial checkpoint:" shows
+        printed = fs.to_uri(storage, fs_path)  # what "Best trial checkpoint:" shows
         assert printed.endswith(f"/checkpoint_000003?endpoint_override={s3.endpoint}&scheme=http")
         saved = read_scaler_states(printed)
     assert saved["default_policy"]["torch"]["scale"] == 512.0

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from rllib_amp import experiment as E
-from rllib_amp.sweep import summary
+from rllib_amp.sweep import storage, summary
 
 R = "env_runners/episode_return_mean"
 STEPS = "env_steps_to_450"
@@ -120,12 +120,12 @@ def test_an_env_error_that_mentions_a_server_is_not_a_storage_fault(tmp_path):
         {"trial_id": "a_00002", "error": "ValueError: [Errno 28] No space left on device?"},
         {"trial_id": "a_00003", "error": None},
     ]
-    assert summary.storage_fault(str(tmp_path), rows) is None
+    assert storage.storage_fault(str(tmp_path), rows) is None
     stopped = {"trial_id": "a_00004", "error": "OSError: AWS Error NETWORK_CONNECTION during x"}
-    line = summary.storage_fault(str(tmp_path), [*rows, stopped])
+    line = storage.storage_fault(str(tmp_path), [*rows, stopped])
     assert line is not None and line.endswith("trial(s) a_00004 stopped on it"), line
-    assert summary.stopped_on_storage("OSError: [Errno 28] No space left on device")
-    assert summary.stopped_on_storage("RuntimeError: Unable to set up cluster storage with x")
+    assert storage.stopped_on_storage("OSError: [Errno 28] No space left on device")
+    assert storage.stopped_on_storage("RuntimeError: Unable to set up cluster storage with x")
 
 
 def test_results_are_still_tried_on_a_storage_that_failed(tmp_path):
