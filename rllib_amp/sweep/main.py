@@ -43,14 +43,16 @@ from rllib_amp.cli import (
 )
 from rllib_amp.sweep import lock as experiment_lock
 from rllib_amp.sweep import loggers, transcript
-from rllib_amp.sweep import resume as R
-from rllib_amp.sweep import storage as S
+from rllib_amp.sweep import resume as sweep_resume
+from rllib_amp.sweep import storage as sweep_storage
 from rllib_amp.sweep.ray_address import LocalRayWatchdog, probe_address, ray_address, start_ray
 from rllib_amp.sweep.resources import ResourceError
 
 PROG = "python -m rllib_amp.tune"
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
-RESULTS_FILE = R.RESULTS_FILE  # written here, read by resume (a finished run is not resumed)
+RESULTS_FILE = (
+    sweep_resume.RESULTS_FILE
+)  # written here, read by resume (a finished run is not resumed)
 # A sweep larger than this is more likely a typo (num_samples: 10000 x a grid) than a plan.
 DEFAULT_MAX_TRIALS = 1000
 
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where experiments go: a local path, a shared mount or a URI such as "
         "s3://bucket/experiments (default: the file's storage_path, else "
-        f"${S.STORAGE_ENV}, else {S.DEFAULT_STORAGE})",
+        f"${sweep_storage.STORAGE_ENV}, else {sweep_storage.DEFAULT_STORAGE})",
     )
     p.add_argument(
         "--name",
@@ -102,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--accept-changes",
         action="store_true",
         help="with --resume: resume even though the experiment (file or --set values) differs "
-        f"from the {R.EXPERIMENT_FILE} stored at the first start; trials already created keep "
-        "the settings they started with",
+        f"from the {sweep_resume.EXPERIMENT_FILE} stored at the first start; trials already "
+        "created keep the settings they started with",
     )
     p.add_argument(
         "--restart-damaged",
@@ -158,9 +160,9 @@ def find_config(path: str | None) -> str:
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check_flags(args)
-    from rllib_amp import experiment as E
+    from rllib_amp import experiment
 
-    exp = E.load(find_config(args.config), overrides=args.overrides)
+    exp = experiment.load(find_config(args.config), overrides=args.overrides)
     for note in exp.notes:  # a --set on a searched key replaces that search entry
         print(note)
     trials = _count_trials(exp, args.num_samples)
@@ -177,46 +179,52 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) -> int:
-    from rllib_amp import experiment as E
+    from rllib_amp import experiment
 
-    checked = E.preflight(exp)  # what --dry-run proves, and what a real run checks before Ray
-    storage = S.resolve(args.storage_path, exp.get("storage_path"))
+    checked = experiment.preflight(
+        exp
+    )  # what --dry-run proves, and what a real run checks before Ray
+    storage = sweep_storage.resolve(args.storage_path, exp.get("storage_path"))
     if args.resume:  # Tune's own reads would wait minutes on a dead endpoint, then say "none"
-        S.check_reachable(storage)
+        sweep_storage.check_reachable(storage)
     try:
-        name = R.choose_name(exp.name, storage, name=args.name, resume=args.resume)
-    except R.Finished as done:  # --resume of a finished run: where its results are, exit 0
+        name = sweep_resume.choose_name(exp.name, storage, name=args.name, resume=args.resume)
+    except (
+        sweep_resume.Finished
+    ) as done:  # --resume of a finished run: where its results are, exit 0
         print(done)
         return 0
-    spec = R.run_spec(exp, args.num_samples)
+    spec = sweep_resume.run_spec(exp, args.num_samples)
     if args.resume:
-        R.check_unchanged(files.join(storage, str(name)), spec, args.accept_changes)
+        sweep_resume.check_unchanged(files.join(storage, str(name)), spec, args.accept_changes)
     if args.dry_run:
-        name = name or R.timestamped(exp.name)  # --dry-run touches no storage
+        name = name or sweep_resume.timestamped(exp.name)  # --dry-run touches no storage
         _print_dry_run(exp, files.join(storage, name), trials, checked)
         return 0
 
     address, where = ray_address(args)
     if address is not None:
         probe_address(address, where)
-    S.check_writable(storage)
-    from rllib_amp.sweep import tuner as T
+    sweep_storage.check_writable(storage)
+    from rllib_amp.sweep import tuner as sweep_tuner
 
     # A second signal must not cut the summary short either; the lock outlives both.
-    with experiment_lock.locks_released(), T.StopOnSignals() as stop:
+    with experiment_lock.locks_released(), sweep_tuner.StopOnSignals() as stop:
         try:
             if name is not None:  # a new run's name is locked as it is taken
                 experiment_lock.lock(storage, name, "--resume" if args.resume else "--name")
             if args.resume and name is not None:  # choose_name gives a name to resume
                 # Before Ray starts: a trial with no intact checkpoint left is exit 2 at once.
-                R.fall_back_to_intact_checkpoints(files.join(storage, name), args.restart_damaged)
-                stop.resume_command = R.resume_command(args, exp, name, storage)
+                sweep_resume.fall_back_to_intact_checkpoints(
+                    files.join(storage, name), args.restart_damaged
+                )
+                stop.resume_command = sweep_resume.resume_command(args, exp, name, storage)
             exp, name, grid, stopped = _tune(
                 exp, args, storage, name, spec, address, where, notices, stop
             )
         except KeyboardInterrupt as e:  # a signal, or Ray's death, before Tune's loop
             return _stopped_before_trials(stop, e)
-        except S.StorageFailed as e:  # said once, as the summary would: no grid to show
+        except sweep_storage.StorageFailed as e:  # said once, as the summary would: no grid to show
             _say(f"{e}; fix it, then continue with: {stop.resume_command}")
             return 1
         with transcript.also_into(files.join(storage, name, transcript.FILE)):
@@ -275,10 +283,10 @@ def _check_flags(args: argparse.Namespace) -> None:
             "--address, or size the file's resources section for the cluster"
         )
     if args.name is not None:
-        R.check_name(args.name)
+        sweep_resume.check_name(args.name)
         if args.storage_path is not None and not args.resume:
             # The flag wins over the file's storage_path: known before RLlib loads.
-            R.refuse_taken(S.resolve(args.storage_path, None), args.name)
+            sweep_resume.refuse_taken(sweep_storage.resolve(args.storage_path, None), args.name)
 
 
 def _print_dry_run(exp: Any, exp_dir: str, trials: int, checked: Any) -> None:
@@ -314,14 +322,14 @@ def _tune(
     import ray
 
     from rllib_amp.sweep import grafana
-    from rllib_amp.sweep import resources as RS
-    from rllib_amp.sweep import tuner as T
+    from rllib_amp.sweep import resources as sweep_resources
+    from rllib_amp.sweep import tuner as sweep_tuner
 
     # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
     # starts is sized before it starts, so a trial that can never fit fails within seconds
     # (Ray's own start takes longer than that on a busy machine).
     local = address is None
-    predicted = RS.local_capacity() if local and not ray.is_initialized() else None
+    predicted = sweep_resources.local_capacity() if local and not ray.is_initialized() else None
     if predicted is not None:
         exp = _fit_resources(exp, args, predicted)
     watchdog = LocalRayWatchdog(on_death=stop.ray_died, on_stuck=partial(_ray_died_stuck, stop))
@@ -332,34 +340,36 @@ def _tune(
             watchdog.start(session_dir)
     try:
         if local:
-            actual = RS.capacity_of(ray.cluster_resources())
+            actual = sweep_resources.capacity_of(ray.cluster_resources())
             if actual != predicted:
                 exp = _fit_resources(exp, args, actual)
         # A node that cannot reach the storage would fail at its first checkpoint.
-        S.check_reachable_from_nodes(storage)
-        with R.warnings_on_stderr(grafana.__name__):
+        sweep_storage.check_reachable_from_nodes(storage)
+        with sweep_resume.warnings_on_stderr(grafana.__name__):
             dashboard = grafana.install_dashboard()
         if dashboard:
             print(f"AMP Grafana dashboard: {dashboard}")
         new = name is None
-        name = name or R.new_run_name(exp.name, storage)
+        name = name or sweep_resume.new_run_name(exp.name, storage)
         try:
             tuner = _build_tuner(exp, args, storage, name, spec)
         except BaseException as e:
             if isinstance(e, KeyboardInterrupt) and not args.resume:
                 _discard_unstarted(storage, name)  # Tune's tuner.pkl, experiment.yaml, the lock
             if new:
-                R.release(storage, name)  # only if empty: Tune wrote nothing there yet
+                sweep_resume.release(storage, name)  # only if empty: Tune wrote nothing there yet
             raise
-        stop.resume_command = R.resume_command(args, exp, name, storage)
+        stop.resume_command = sweep_resume.resume_command(args, exp, name, storage)
         notices.release()
         try:
-            with S.keep_files_whole():  # a disk that fills up keeps each file's last whole copy
-                grid, interrupted = T.fit(tuner)
+            with (
+                sweep_storage.keep_files_whole()
+            ):  # a disk that fills up keeps each file's last whole copy
+                grid, interrupted = sweep_tuner.fit(tuner)
         except OSError as e:  # Tune reading back a storage that failed under the trials?
-            if not S.failed(e, files.join(storage, name)):
+            if not sweep_storage.failed(e, files.join(storage, name)):
                 raise
-            raise S.StorageFailed(files.join(storage, name), e) from None
+            raise sweep_storage.StorageFailed(files.join(storage, name), e) from None
         except KeyboardInterrupt:  # before Tune's loop: no experiment state saved
             if not args.resume and _discard_unstarted(storage, name):
                 stop.resume_command = None
@@ -389,11 +399,11 @@ def _discard_unstarted(storage: str, name: str) -> bool:
 def _build_tuner(
     exp: Any, args: argparse.Namespace, storage: str, name: str, spec: dict[str, Any]
 ) -> Any:
-    from rllib_amp.sweep import tuner as T
+    from rllib_amp.sweep import tuner as sweep_tuner
 
     exp_dir = files.join(storage, name)
     try:
-        tuner = T.build_tuner(exp, args, storage, name, restore=args.resume)
+        tuner = sweep_tuner.build_tuner(exp, args, storage, name, restore=args.resume)
     except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
         if args.resume:
             raise UsageError(
@@ -406,7 +416,10 @@ def _build_tuner(
             f"in the file or the --set values"
         ) from None
     if not args.resume:
-        files.write_bytes(*files.resolve(files.join(exp_dir, R.EXPERIMENT_FILE)), R.dump(spec))
+        files.write_bytes(
+            *files.resolve(files.join(exp_dir, sweep_resume.EXPERIMENT_FILE)),
+            sweep_resume.dump(spec),
+        )
     return tuner
 
 
@@ -427,12 +440,12 @@ def _report(
 
     exp_dir = files.join(storage, name)
     rows = summary.summarize(exp, grid, storage)
-    fault = S.storage_fault(exp_dir, rows)
+    fault = sweep_storage.storage_fault(exp_dir, rows)
     if fault is not None:  # said once; only the results are tried on a storage that fails
         print(summary.format_table(exp, rows))
         if summary.try_write_parquet(rows, files.join(exp_dir, RESULTS_FILE)):
             print(f"Results: {files.join(exp_dir, RESULTS_FILE)}")
-        resume = R.resume_command(args, exp, name, storage)
+        resume = sweep_resume.resume_command(args, exp, name, storage)
         _say(f"{fault}; free space or fix the storage, then continue with: {resume}")
         return signal_exit_status(interrupted) if interrupted else 1
     parquet = files.join(exp_dir, RESULTS_FILE)
@@ -462,7 +475,7 @@ def _report(
     if unfinished or interrupted:
         print(
             f"{len(unfinished)} trial(s) did not finish; continue with: "
-            + R.resume_command(args, exp, name, storage)
+            + sweep_resume.resume_command(args, exp, name, storage)
         )
     for r in failed:
         where = f" (traceback: {r['error_file']})" if r.get("error_file") else ""
@@ -476,17 +489,18 @@ def _fit_resources(exp: Any, args: argparse.Namespace, capacity: dict[str, float
     """On a local Ray (no autoscaler), a trial that needs more CPUs or GPUs than the machine
     has would stay PENDING forever: exit 2 with the numbers and the fix, or scale it down
     with --fit-to-machine. (On a cluster pending trials are normal: nodes can be added.)"""
-    from rllib_amp.sweep import resources as RS
+    from rllib_amp.sweep import resources as sweep_resources
 
     if not args.fit_to_machine:
-        RS.check_fits(exp, capacity)
+        sweep_resources.check_fits(exp, capacity)
         return exp
-    overrides = RS.fit_overrides(exp, capacity)
+    overrides = sweep_resources.fit_overrides(exp, capacity)
     if overrides:
         exp = exp.with_overrides(overrides)
         print(
-            f"--fit-to-machine: this machine's Ray has {RS.format_amount(capacity)}; running "
-            "with " + " ".join(f"--set {k}={v}" for k, v in overrides.items())
+            "--fit-to-machine: this machine's Ray has "
+            f"{sweep_resources.format_amount(capacity)}; running with "
+            + " ".join(f"--set {k}={v}" for k, v in overrides.items())
         )
     return exp
 
@@ -510,7 +524,7 @@ def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
     ``--help`` and the flag errors answer without importing the experiment schema."""
     try:
         return run(argv)
-    except (S.StorageError, ResourceError) as e:
+    except (sweep_storage.StorageError, ResourceError) as e:
         raise UsageError(str(e)) from None
     except Exception as e:
         experiment = sys.modules.get("rllib_amp.experiment")
