@@ -37,8 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
@@ -46,11 +44,19 @@ import posixpath
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import pyarrow.fs
 
+from rllib_amp.checkpoint_manifest import (
+    MANIFEST_FILE_NAME,
+    CheckpointError,
+    check_checksum,
+    fail,
+    find_manifest,
+    write_manifest,
+)
 from rllib_amp.fs import (
     STATE_FORMATS,
     decode,
@@ -64,14 +70,18 @@ from rllib_amp.fs import (
 )
 from rllib_amp.log_events import event
 
+# The manifest's names are read from here too: one module for a checkpoint's checks.
+__all__ = [
+    "MANIFEST_FILE_NAME",
+    "CheckpointError",
+    "VerifiedCheckpoint",
+    "rllib_restore_files",
+    "verify_checkpoint",
+    "write_manifest",
+]
+
 logger = logging.getLogger(__name__)
 
-MANIFEST_FILE_NAME = "rllib_amp_manifest.json"
-_MANIFEST_FORMAT = "rllib-amp checkpoint manifest"
-_MANIFEST_VERSION = 1
-# A component restored on its own (e.g. ``learner_group/learner/rl_module/default_policy``)
-# sits at most this deep below the algorithm folder that holds the manifest.
-_MANIFEST_SEARCH_DEPTH = 4
 # The parts of a state that must be finite: RLlib's COMPONENT_RL_MODULE and
 # COMPONENT_OPTIMIZER keys, and RLModule's own state files. Metrics may hold nan legitimately.
 _FINITE_KEYS = ("rl_module", "optimizer")
@@ -92,21 +102,6 @@ _READ_BY_FROM_CHECKPOINT = ("class_and_ctor_args.pkl", "rllib_checkpoint.json")
 _AMP_STATE_KEY = "amp_scalers"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file is damaged; nothing of the checkpoint was restored. ``path``: that
-    file; ``problem``: what is wrong with it, without the advice (for readers other than a
-    restore, such as warm starts)."""
-
-    def __init__(self, message: str, path: str = "", problem: str = "") -> None:
-        super().__init__(message)
-        self.path = path
-        self.problem = problem
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keeps ``path`` when Ray sends the error from a remote learner to the driver.
-        return (type(self), (str(self), self.path, self.problem))
-
-
 @dataclass(frozen=True)
 class VerifiedCheckpoint:
     """What ``verify_checkpoint`` read: the folder, its file count and the manifest used."""
@@ -114,29 +109,6 @@ class VerifiedCheckpoint:
     path: str
     files: int
     manifest: str | None
-
-
-def write_manifest(path: Any, *, filesystem: pyarrow.fs.FileSystem | None = None) -> str:
-    """Writes ``rllib_amp_manifest.json`` (size and sha256 of every file) into a checkpoint.
-
-    Call it after every other file of the checkpoint is written. Returns the manifest's path.
-
-    Example:
-        >>> write_manifest("/tmp/run/checkpoint_000001")  # doctest: +SKIP
-        '/tmp/run/checkpoint_000001/rllib_amp_manifest.json'
-    """
-    fs, root = resolve(path, filesystem)
-    files = {}
-    for rel in list_files(fs, root):
-        if rel == MANIFEST_FILE_NAME:
-            continue
-        data = read_bytes(fs, posixpath.join(root, rel))
-        files[rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION, "files": files}
-    target = posixpath.join(root, MANIFEST_FILE_NAME)
-    with fs.open_output_stream(target) as f:
-        f.write(json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-    return display_path(fs, target)
 
 
 def verify_checkpoint(
@@ -187,10 +159,10 @@ def verify_checkpoint(
     _refuse_links_out_of(fs, root)
     files = list_files(fs, root)
     present = set(files)
-    manifest_path, expected = _find_manifest(fs, root, files)
+    manifest_path, expected = find_manifest(fs, root, files)
     for rel in expected:
         if rel not in present:
-            _fail(
+            fail(
                 fs,
                 posixpath.join(root, rel),
                 f"is listed in the manifest {display_path(fs, manifest_path or '')} but "
@@ -198,7 +170,7 @@ def verify_checkpoint(
             )
     for rel in (*required, *(_component_state_files(fs, root, files) if for_rllib else ())):
         if rel not in present:
-            _fail(
+            fail(
                 fs,
                 posixpath.join(root, rel),
                 "is missing, and RLlib's restore reads it (an interrupted save or copy, or "
@@ -213,7 +185,7 @@ def verify_checkpoint(
             continue
         data = read_bytes(fs, full)
         if rel in expected:
-            _check_checksum(fs, full, data, expected[rel], manifest_path or "")
+            check_checksum(fs, full, data, expected[rel], manifest_path or "")
         _check_content(fs, full, data, for_rllib=for_rllib)
         checked += 1
     if manifest_path is None and announce_missing_manifest:
@@ -334,7 +306,7 @@ def _refuse_links_out_of(fs: Any, root: str) -> None:
                 )
             else:
                 continue
-            _fail(
+            fail(
                 fs,
                 link,
                 problem,
@@ -363,7 +335,7 @@ def _check_unlisted(
             or (stem in _RESTORED_STEMS and ext in _STATE_ENDINGS)
             or posixpath.basename(rel) in _READ_BY_FROM_CHECKPOINT
         ):
-            _fail(
+            fail(
                 fs,
                 posixpath.join(root, rel),
                 f"is not listed in the manifest {display_path(fs, manifest_path)}, and RLlib "
@@ -378,68 +350,6 @@ def _check_unlisted(
             len(shown),
             ", ".join(shown),
             extra=event("unlisted_files", path=display_path(fs, root), files=shown),
-        )
-
-
-def _find_manifest(fs: Any, root: str, files: list[str]) -> tuple[str | None, dict[str, Any]]:
-    """(manifest path, {path relative to root: entry}) of the manifest covering ``root``."""
-    if MANIFEST_FILE_NAME in files:
-        manifest_path = posixpath.join(root, MANIFEST_FILE_NAME)
-        return manifest_path, _load_manifest(fs, manifest_path)
-    # A component restored on its own: the algorithm folder above it holds the manifest.
-    folder, prefix = root.rstrip("/"), ""
-    for _ in range(_MANIFEST_SEARCH_DEPTH):
-        parent = posixpath.dirname(folder)
-        if not parent or parent == folder:
-            break
-        prefix = posixpath.join(posixpath.basename(folder), prefix)
-        folder = parent
-        candidate = posixpath.join(folder, MANIFEST_FILE_NAME)
-        if fs.get_file_info(candidate).type != pyarrow.fs.FileType.File:
-            continue
-        entries = _load_manifest(fs, candidate)
-        covered = {rel[len(prefix) :]: e for rel, e in entries.items() if rel.startswith(prefix)}
-        if covered:
-            return candidate, covered
-    return None, {}
-
-
-def _load_manifest(fs: Any, manifest_path: str) -> dict[str, Any]:
-    try:
-        manifest = json.loads(read_bytes(fs, manifest_path).decode("utf-8"))
-        if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(
-            manifest.get("files"), dict
-        ):
-            raise ValueError(f"not an {_MANIFEST_FORMAT}")
-        if manifest.get("version") != _MANIFEST_VERSION:
-            raise ValueError(
-                f"manifest version {manifest.get('version')!r}; this rllib-amp reads version "
-                f"{_MANIFEST_VERSION}: upgrade rllib-amp"
-            )
-        return {
-            str(rel): {"bytes": int(e["bytes"]), "sha256": str(e["sha256"])}
-            for rel, e in manifest["files"].items()
-        }
-    except Exception as e:  # any defect of the manifest itself
-        _fail(fs, manifest_path, f"is unreadable ({type(e).__name__}: {e})")
-
-
-def _check_checksum(
-    fs: Any, full: str, data: bytes, entry: dict[str, Any], manifest_path: str
-) -> None:
-    if len(data) != entry["bytes"]:
-        _fail(
-            fs,
-            full,
-            f"has {len(data)} bytes where the manifest {display_path(fs, manifest_path)} "
-            f"records {entry['bytes']} (truncated or overwritten after the save)",
-        )
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        _fail(
-            fs,
-            full,
-            f"does not match its sha256 in the manifest {display_path(fs, manifest_path)} "
-            f"(its bytes changed after the save)",
         )
 
 
@@ -458,7 +368,7 @@ def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -
         # A class the pickle names is missing here: the file may be fine. RLlib's restore
         # never reads the other files (from_checkpoint falls back past such a class file).
         if stem in _RESTORED_STEMS:
-            _fail(
+            fail(
                 fs,
                 full,
                 f"cannot be loaded here ({type(e).__name__}: {e}); install or import what it "
@@ -467,7 +377,7 @@ def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -
             )
         return
     except Exception as e:  # any other parse failure means a damaged file
-        _fail(fs, full, f"is truncated or corrupted ({type(e).__name__}: {e})")
+        fail(fs, full, f"is truncated or corrupted ({type(e).__name__}: {e})")
     parts = [("", obj)] if stem == _MODULE_STATE_STEM else _finite_parts(obj)
     # A warm start (not for RLlib) checks the scaler state it reads itself, value by value.
     if for_rllib and isinstance(obj, dict) and isinstance(obj.get(_AMP_STATE_KEY), dict):
@@ -477,7 +387,7 @@ def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -
         bad = next(_nonfinite(part, key), None)
         if bad is not None:
             where, nans, infs = bad
-            _fail(
+            fail(
                 fs,
                 full,
                 f"holds non-finite values at {where or '(the whole state)'} ({nans} nan, "
@@ -496,7 +406,7 @@ def _check_scales(fs: Any, full: str, scalers: dict[str, Any]) -> None:
         except (TypeError, ValueError):
             value = float("nan")
         if value is not None and math.isfinite(value) and value <= 0:
-            _fail(
+            fail(
                 fs,
                 full,
                 f"holds a loss scale of {value:g} for module {module_id!r} at "
@@ -532,14 +442,3 @@ def _nonfinite(obj: Any, where: str) -> Iterator[tuple[str, int, int]]:
             t = obj.detach()
             if not torch.isfinite(t).all():
                 yield where, int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-
-
-def _fail(
-    fs: Any, full: str, problem: str, *, advice: str = "Restore from another checkpoint."
-) -> NoReturn:
-    shown = display_path(fs, full)
-    raise CheckpointError(
-        f"{shown}: checkpoint file {problem}; nothing was restored. {advice}".rstrip(),
-        path=shown,
-        problem=problem,
-    )

@@ -19,7 +19,19 @@ PACKAGE = "rllib_amp"
 
 # Lowest first. A module may import its own layer and any layer before it in this list.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("checks", "cli", "lazy", "log_events", "fs", "checkpoint_files", "settings")),
+    (
+        "base",
+        (
+            "checks",
+            "cli",
+            "lazy",
+            "log_events",
+            "fs",
+            "checkpoint_files",
+            "checkpoint_manifest",
+            "settings",
+        ),
+    ),
     ("scaling", ("scaling",)),
     ("checkpoints", ("checkpoints",)),
     ("learner", ("learner",)),

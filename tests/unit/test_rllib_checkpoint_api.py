@@ -26,7 +26,6 @@ from ray.tune.execution.tune_controller import TuneController
 from ray.tune.trainable.metadata import _TrainingRunMetadata
 
 from rllib_amp import checkpoint_files, fs
-from rllib_amp.checkpoints import fallback as checkpoint_fallback
 from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
 
 P = inspect.Parameter

@@ -28,7 +28,9 @@ def building(monkeypatch):
     """``_tune`` on a Ray that is up (nothing started), interrupted by ``stop_with`` once the
     Tuner's files are written; returns the exit status ``_stopped_before_trials`` gives."""
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(sweep_main.sweep_storage, "check_reachable_from_nodes", lambda storage: None)
+    monkeypatch.setattr(
+        sweep_main.sweep_storage, "check_reachable_from_nodes", lambda storage: None
+    )
     from rllib_amp.sweep import grafana
 
     monkeypatch.setattr(grafana, "install_dashboard", lambda: None)
