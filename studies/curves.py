@@ -351,7 +351,8 @@ def table(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str:
     at = [f"return at {steps_label(task.milestone_steps[0])}"]
     at += [steps_label(m) for m in task.milestone_steps[1:]]
     to = [f"to {task.milestone_returns[0]:g} (steps / time)"]
-    to += [f"to {r:+g}" for r in task.milestone_returns[1:]]
+    signed = min(task.milestone_returns) <= 0  # Pong's scores run from -21 to +21
+    to += [f"to {r:+g}" if signed else f"to {r:g}" for r in task.milestone_returns[1:]]
     header = ["date", "path", "seed", "env steps", "hours", *at, "final", *to, "machine"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (date, path, seed), run_rows in group_runs(rows).items():
