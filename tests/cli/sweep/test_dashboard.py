@@ -2,7 +2,7 @@
 with `ray job submit`, a real Prometheus scraping Ray's metrics through the config Ray writes
 into its session folder, every PromQL expression of sweep/grafana_dashboard.json run against it,
 `ray job stop` then `--resume` losing nothing, and a headless-Chromium screenshot of the job's
-page. Needs the Debian packages prometheus and chromium (scripts/install-dashboard-check.sh);
+page. Needs the Debian packages prometheus and chromium (tests/cli/sweep/install-dashboard-check.sh);
 Grafana itself is not packaged for this machine and is not checked."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-INSTALL = "bash scripts/install-dashboard-check.sh (apt-get install prometheus chromium)"
+INSTALL = "bash tests/cli/sweep/install-dashboard-check.sh (apt-get install prometheus chromium)"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
