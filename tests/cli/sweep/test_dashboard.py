@@ -2,8 +2,8 @@
 with `ray job submit`, a real Prometheus scraping Ray's metrics through the config Ray writes
 into its session folder, every PromQL expression of sweep/grafana_dashboard.json run against it,
 `ray job stop` then `--resume` losing nothing, and a headless-Chromium screenshot of the job's
-page. Needs the Debian packages prometheus and chromium (tests/cli/sweep/install-dashboard-check.sh);
-Grafana itself is not packaged for this machine and is not checked."""
+page. Needs the Debian packages prometheus and chromium (install-dashboard-check.sh beside
+this file); Grafana itself is not packaged for this machine and is not checked."""
 
 from __future__ import annotations
 
