@@ -164,7 +164,7 @@ class StopOnSignals:
         self._previous: dict[int, Any] = {}
         self._before_tune: Any = None
         self._disabled: str | None = None
-        self._failures = OneLinePerTrialFailure()
+        self._faults = OneLinePerFault()
 
     def __enter__(self) -> StopOnSignals:
         _active.append(self)
@@ -176,7 +176,8 @@ class StopOnSignals:
         self._disabled = os.environ.get(_TUNE_SIGINT_ENV)
         os.environ[_TUNE_SIGINT_ENV] = "1"
         logging.getLogger("ray.tune.tune").addFilter(_drop_tune_stop_advice)
-        logging.getLogger(TUNE_CONTROLLER_LOGGER).addFilter(self._failures)
+        for name in FAULT_LOGGERS:
+            logging.getLogger(name).addFilter(self._faults)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -184,7 +185,8 @@ class StopOnSignals:
         if not self._previous:
             return
         logging.getLogger("ray.tune.tune").removeFilter(_drop_tune_stop_advice)
-        logging.getLogger(TUNE_CONTROLLER_LOGGER).removeFilter(self._failures)
+        for name in FAULT_LOGGERS:
+            logging.getLogger(name).removeFilter(self._faults)
         if self._disabled is None:
             os.environ.pop(_TUNE_SIGINT_ENV, None)
         else:
@@ -243,14 +245,15 @@ _active: list[StopOnSignals] = []
 _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 
 
-class OneLinePerTrialFailure(logging.Filter):
-    """Tune logs each failed attempt of a trial with its whole traceback (77 lines for an env
-    that raised, again for each retry). This keeps Tune's record as one line naming the
-    trial and the exception's own line, once per trial and cause; the traceback stays in the
-    trial's ``error.txt``, which the summary names.
+class OneLinePerFault(logging.Filter):
+    """Tune logs each failed attempt of a trial, and each failed save of the experiment state,
+    with the whole traceback (77 lines for an env that raised, again for each retry; 6-7
+    tracebacks, about 200 lines, for a disk that filled up). This keeps each such record of
+    Tune's as one line naming the exception's own line, once per message and cause; a
+    trial's tracebacks stay in its ``error.txt``, which the summary names.
 
     Example:
-        >>> f, failed = OneLinePerTrialFailure(), (OSError, OSError("disk gone"), None)
+        >>> f, failed = OneLinePerFault(), (OSError, OSError("disk gone"), None)
         >>> def record():
         ...     msg = "Trial task failed for trial T_1"
         ...     return logging.LogRecord("ray.tune", logging.ERROR, "", 0, msg, None, failed)
@@ -267,24 +270,21 @@ class OneLinePerTrialFailure(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if not message.startswith(_TRIAL_FAILED) or not record.exc_info:
+        if not message.startswith(FAULT_MESSAGES) or not record.exc_info:
             return True
         cause = root_error(record.exc_info[1])
         if (message, cause) in self._said:
             return False
         self._said.add((message, cause))
-        record.msg, record.args, record.exc_info, record.exc_text = (
-            f"{message}: {cause}",
-            (),
-            None,
-            None,
-        )
+        line = f"{message.rstrip(': ')}: {cause}"
+        record.msg, record.args, record.exc_info, record.exc_text = line, (), None, None
         return True
 
 
-_TRIAL_FAILED = "Trial task failed for trial "  # ray/tune/execution/tune_controller.py
-# Tune's controller logger: where the filter goes.
-TUNE_CONTROLLER_LOGGER = "ray.tune.execution.tune_controller"
+# Tune's records of a fault (ray/tune/execution/tune_controller.py, experiment_state.py), and
+# the loggers they come from.
+FAULT_MESSAGES = ("Trial task failed for trial ", "Saving experiment state to storage at ")
+FAULT_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state")
 
 
 def _drop_tune_stop_advice(record: logging.LogRecord) -> bool:
