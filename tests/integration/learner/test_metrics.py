@@ -1,9 +1,13 @@
 """Learners publish the AMP metrics as Ray metrics, read back from the node's endpoint; the
-Grafana dashboard shipped for them queries exactly those metrics."""
+Grafana dashboard shipped for them queries exactly those metrics. Every result carries the AMP
+metrics, also an iteration in which no update finished, and APPO reports the grad scale after
+the iteration's last update."""
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import re
 import threading
@@ -14,12 +18,13 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
+import rllib_amp.learner.mixin as mixin
 from rllib_amp import experiment as E
 from rllib_amp.learner import metrics as M
 from rllib_amp.learner.metrics import tag_learners_with_trial
 from rllib_amp.sweep import grafana as G
 from rllib_amp.sweep import main as tune_cli
-from tests.integration.common import learner, train_until_learned
+from tests.integration.common import amp_config, learner, train_until_learned
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
@@ -185,3 +190,87 @@ def test_after_a_tiny_sweep_the_dashboards_metrics_are_on_the_prometheus_endpoin
     }
     for name in exported:
         assert any(tid in tag for tag in seen[name] for tid in trial_ids), (name, seen[name])
+
+
+# APPO reports the grad scale after the iteration's last update, not a mean over its
+# updates. Its learner thread runs many updates per iteration.
+
+
+MODULE = "default_policy"
+UPDATE_NO = "test_update_no"
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_appo_reports_the_scale_after_the_last_update_it_reports(monkeypatch):
+    # The scale after every update, and each update's number in the results: the number a
+    # result carries (a max) says which update the reported scale must be of.
+    scales: list[float] = []
+    report_update = mixin.report_update
+
+    def recording(metrics, scalers, **kwargs):
+        report_update(metrics, scalers, **kwargs)
+        scales.append(scalers[MODULE].get_scale())
+        metrics.log_value((MODULE, UPDATE_NO), len(scales) - 1, reduce="max", window=1)
+
+    monkeypatch.setattr(mixin, "report_update", recording)
+    # float16 and a scale that doubles after every step it does not halve: it moves in
+    # every update.
+    cfg = amp_config("APPO", dtype="float16", init_scale=2.0**4, growth_interval=1)
+    cfg.training(circular_buffer_num_batches=2, circular_buffer_iterations_per_batch=2)
+    cfg.env_runners(num_env_runners=0)
+    algo = cfg.build_algo()
+    try:
+        stats = train_until_learned(algo, iterations=2)["learners"][MODULE]
+    finally:
+        algo.stop()
+    last = int(stats[UPDATE_NO])
+    covered = scales[: last + 1]
+    assert len(set(covered)) > 1, covered  # the scale moved: a mean would differ
+    assert stats[M.GRAD_SCALE] == scales[last], (stats[M.GRAD_SCALE], covered)
+    assert not math.isnan(stats[M.GRAD_SCALE])
+
+
+# Every result carries the AMP metrics, also an iteration in which no update finished: the
+# first iterations of APPO (its learner thread has no batch yet), also right after a restore.
+# Before, those results read None/NaN for every AMP metric in the progress table and summary.
+
+
+KEYS = (
+    M.GRAD_SCALE,
+    M.SKIP_FRACTION,
+    M.OPTIMIZER_STEPS_LIFETIME,
+    M.SKIPPED_STEPS_LIFETIME,
+    M.NONFINITE_LOSS_STEPS_LIFETIME,
+)
+
+
+def _amp_values(result) -> dict[str, float]:
+    stats = result.get("learners", {}).get("default_policy", {})
+    return {key: stats.get(key) for key in KEYS}
+
+
+def _finite(values) -> bool:
+    return all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values.values())
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_the_first_appo_iterations_after_a_restore_report_the_restored_scaler(tmp_path):
+    cfg = amp_config("APPO", dtype="float16", init_scale=2.0**10, growth_interval=1000)
+    a = cfg.build_algo()
+    try:
+        first = a.train()
+        assert _finite(_amp_values(first)), _amp_values(first)  # before any update
+        assert _amp_values(first)[M.GRAD_SCALE] == 2.0**10
+        train_until_learned(a, iterations=2)
+        a.save_to_path(str(tmp_path))
+        saved = learner(a).amp_scalers["default_policy"].get_scale()
+    finally:
+        a.stop()
+    b = cfg.build_algo()
+    try:
+        b.restore_from_path(str(tmp_path))
+        after = [_amp_values(b.train()) for _ in range(3)]
+    finally:
+        b.stop()
+    assert all(_finite(values) for values in after), after
+    assert after[0][M.GRAD_SCALE] == saved, (after, saved)

@@ -1,5 +1,5 @@
 """The learner's "keeps skipping optimizer steps" WARNING, logged in a trial's own process, is
-repeated in the summary the CLI user sees (tests/unit/sweep/test_skip_warnings.py has both
+repeated in the summary the CLI user sees (tests/unit/sweep/test_summary.py has both
 halves without a sweep)."""
 
 from __future__ import annotations
