@@ -176,8 +176,8 @@ class StopOnSignals:
         self._disabled = os.environ.get(_TUNE_SIGINT_ENV)
         os.environ[_TUNE_SIGINT_ENV] = "1"
         logging.getLogger("ray.tune.tune").addFilter(_drop_tune_stop_advice)
-        for name in FAULT_LOGGERS:
-            logging.getLogger(name).addFilter(self._faults)
+        for fault_logger in FAULT_LOGGERS:
+            fault_logger.addFilter(self._faults)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -185,8 +185,8 @@ class StopOnSignals:
         if not self._previous:
             return
         logging.getLogger("ray.tune.tune").removeFilter(_drop_tune_stop_advice)
-        for name in FAULT_LOGGERS:
-            logging.getLogger(name).removeFilter(self._faults)
+        for fault_logger in FAULT_LOGGERS:
+            fault_logger.removeFilter(self._faults)
         if self._disabled is None:
             os.environ.pop(_TUNE_SIGINT_ENV, None)
         else:
@@ -284,7 +284,10 @@ class OneLinePerFault(logging.Filter):
 # Tune's records of a fault (ray/tune/execution/tune_controller.py, experiment_state.py), and
 # the loggers they come from.
 FAULT_MESSAGES = ("Trial task failed for trial ", "Saving experiment state to storage at ")
-FAULT_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state")
+FAULT_LOGGERS = (
+    logging.getLogger("ray.tune.execution.tune_controller"),
+    logging.getLogger("ray.tune.execution.experiment_state"),
+)
 
 
 def _drop_tune_stop_advice(record: logging.LogRecord) -> bool:

@@ -209,20 +209,29 @@ def test_pbt_keeps_its_mutations():
 
 def test_tune_loggers_and_messages_our_filters_match():
     from ray.tune import tune
-    from ray.tune.execution import tune_controller
+    from ray.tune.execution import experiment_state, tune_controller
 
     from rllib_amp.sweep import tuner
 
     tune_source = _source_of_module(tune)
     controller_source = _source_of_module(tune_controller)
+    state_source = _source_of_module(experiment_state)
     assert tune.__name__ == "ray.tune.tune"
-    assert tune_controller.__name__ == tuner.TUNE_CONTROLLER_LOGGER
-    for source in (tune_source, controller_source):
+    assert [f.name for f in tuner.FAULT_LOGGERS] == [
+        tune_controller.__name__,
+        experiment_state.__name__,
+    ]
+    for source in (tune_source, controller_source, state_source):
         assert "logger = logging.getLogger(__name__)" in source
     assert '"Stop signal received' in tune_source
     assert '"Experiment has been interrupted' in tune_source
-    assert 'logger.error(f"Trial task failed for trial {trial}"' in controller_source
-    assert tuner._TRIAL_FAILED == "Trial task failed for trial "
+    assert 'logger.error(f"Trial task failed for trial {trial}", exc_info=' in controller_source
+    assert '"Saving experiment state to storage at "' in state_source
+    assert "exc_info=True" in state_source
+    assert tuner.FAULT_MESSAGES == (
+        "Trial task failed for trial ",
+        "Saving experiment state to storage at ",
+    )
 
 
 def test_tune_stops_on_sigusr1_and_leaves_sigint_to_us():
