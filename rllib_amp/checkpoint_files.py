@@ -178,16 +178,21 @@ def verify_checkpoint(
             )
     if manifest_path is not None:
         _check_unlisted(fs, root, files, expected, manifest_path, required=set(required))
-    checked = 0
+    # Every listed file against the manifest before any file is parsed: parsing a pickle runs
+    # code. With a manifest, an unlisted file (named in the WARNING) is never parsed.
+    contents, checked = {}, 0
     for rel in files:
         full = posixpath.join(root, rel)
         if full == manifest_path:
             continue
         data = read_bytes(fs, full)
+        checked += 1
         if rel in expected:
             check_checksum(fs, full, data, expected[rel], manifest_path or "")
+        if manifest_path is None or rel in expected:
+            contents[full] = data
+    for full, data in contents.items():
         _check_content(fs, full, data, for_rllib=for_rllib)
-        checked += 1
     if manifest_path is None and announce_missing_manifest:
         logger.info(
             "rllib_amp: checkpoint %s has no %s (saved by stock RLlib or an older rllib-amp): "

@@ -379,3 +379,41 @@ def test_rllib_restore_files_follow_the_component_folders_present(tmp_path):
         ENV_RUNNER,
         "algorithm_state.pkl",
     ]
+
+
+# -- untrusted files: nothing is unpickled before the manifest holds --------------------------
+class _Planted:
+    """A pickle that, once unpickled, writes a file: what an attacker's pickle could do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_an_unlisted_pickle_is_never_unpickled(tmp_path, caplog):
+    ck = _checkpoint(tmp_path)
+    marker = tmp_path / "ran"
+    with open(ck / "extra.pkl", "wb") as f:  # not read by RLlib, not in the manifest
+        pickle.dump(_Planted(marker), f)
+    caplog.set_level(logging.INFO, logger="rllib_amp")
+    assert verify_checkpoint(ck) is not None
+    assert not marker.exists()
+    (warning,) = [r for r in caplog.records if getattr(r, "amp_event", "") == "unlisted_files"]
+    assert warning.amp_fields["files"] == [str(ck / "extra.pkl")]
+
+
+def test_every_file_is_checked_against_the_manifest_before_any_is_unpickled(tmp_path):
+    ck = _checkpoint(tmp_path)
+    marker = tmp_path / "ran"
+    listed = sorted(p for p in ck.rglob("*.pkl"))
+    # The first pickle in reading order is replaced by a planted one and the manifest made to
+    # match it (a consistent manifest is no signature); a later file is damaged.
+    _dump(listed[0], _Planted(marker))
+    write_manifest(ck)
+    with open(listed[-1], "ab") as f:
+        f.write(b"tail")
+    with pytest.raises(CheckpointError, match="manifest"):
+        verify_checkpoint(ck)
+    assert not marker.exists()
