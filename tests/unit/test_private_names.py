@@ -94,7 +94,8 @@ def test_env_runner_methods_the_batched_sampler_calls(name):
 
     method = getattr(SingleAgentEnvRunner, name, None)
     assert callable(method), f"SingleAgentEnvRunner.{name} is gone"
-    params = [p for p in inspect.signature(method).parameters if p not in ("self", "kwargs")]
+    skip = ("self", "kwargs", "_ray_trace_ctx")  # the last added once Ray made it an actor
+    params = [p for p in inspect.signature(method).parameters if p not in skip]
     assert params == ENV_RUNNER_METHODS[name], f"{name}{inspect.signature(method)}"
 
 
