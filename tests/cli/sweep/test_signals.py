@@ -241,6 +241,9 @@ def _drain(master, seconds):
                 return
 
 
+# About 75 s on 2 cores (a Ray of its own); the default run keeps SIGTERM's test, whose
+# handler this shares.
+@pytest.mark.slow
 def test_the_terminal_closing_stops_the_sweep_as_sigterm_and_leaves_the_summary_in_a_file(
     tmp_path, tiny_file, trial_results, own_ray_env
 ):
