@@ -151,8 +151,8 @@ def start_ray(address: str | None, where: str) -> str | None:
             raise Interrupted(signal.SIGTERM) from None
         raise
     except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for a start timeout
-        with contextlib.suppress(Exception):
-            ray.shutdown()  # what of a half-started local Ray is this process's
+        # No ray.shutdown here: in a caller's process it would end a Ray that was up before
+        # (a half-started local Ray's processes end with this process).
         if address is None and str(e).startswith(RAY_START_TIMEOUT):
             raise UsageError(
                 "ray.init: the local Ray did not start within 30 s (its raylet never "

@@ -419,3 +419,20 @@ def test_a_path_flag_naming_an_unset_variable_is_one_line(tmp_path, capsys, monk
     monkeypatch.delenv("RLLIB_AMP_NOT_SET", raising=False)
     err = refused(capsys, ["--config", "$RLLIB_AMP_NOT_SET/tiny.yaml"])
     assert err.startswith(f"{PROG}--config: ") and "$RLLIB_AMP_NOT_SET, which is not set" in err
+
+
+def test_a_failed_ray_init_leaves_a_ray_the_process_had_up(monkeypatch, ray_local):
+    """In a caller's process (a notebook that had Ray up, this test session), a failed start
+    must not shut that Ray down: it did once, and every later test lost its metrics agent."""
+    import ray
+
+    from rllib_amp.sweep.ray_address import start_ray
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Failed to start the GCS")
+
+    monkeypatch.setattr(ray, "init", broken)
+    with pytest.raises(C.UsageError):
+        start_ray(None, "")
+    monkeypatch.undo()
+    assert ray.is_initialized()
