@@ -359,3 +359,22 @@ def test_the_committed_pong_evidence_is_built_from_its_parquet_files():
                 f"{page}: its Pong table is not what the files give"
             )
     assert os.path.exists(os.path.join(folder, "learning.png"))
+
+
+def test_the_committed_cartpole_dqn_evidence_is_built_from_its_parquet_files():
+    # docs/dqn/cartpole/ holds the CartPole DQN curves; its table and the copies in
+    # docs/dqn.md and the README are what --plot-only builds from those files.
+    folder = os.path.join(ROOT, "docs", "dqn", "cartpole")
+    rows = C.read_rows(folder)
+    assert rows, "docs/dqn/cartpole/ holds no curve"
+    assert {r["path"] for r in rows} <= set(P.DQN_PATHS)
+    for key, run_rows in C.group_runs(rows).items():
+        its = [r["iteration"] for r in run_rows]
+        assert its == list(range(1, len(its) + 1)), key
+    expected = C.report_text(rows, C.CARTPOLE_DQN)
+    with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
+        assert f.read() == expected
+    for page in ("docs/dqn.md", "README.md"):
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            assert expected.strip() in f.read(), f"{page}: its CartPole DQN table differs"
+    assert os.path.exists(os.path.join(folder, "learning.png"))
