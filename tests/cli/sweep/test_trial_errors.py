@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -43,6 +44,9 @@ stop: {training_iteration: 5}
 """
 
 
+# About 55 s on 2 cores (a Ray of its own, with the env's module on its PYTHONPATH); the
+# default run has the filter's own example (rllib_amp.sweep.tuner.OneLinePerFault).
+@pytest.mark.slow
 def test_a_trial_whose_env_raises_is_named_once_with_its_error_file(tmp_path, own_ray_env):
     (tmp_path / "failing_env.py").write_text(FAILING_ENV)
     (tmp_path / "failing.yaml").write_text(textwrap.dedent(EXPERIMENT))
