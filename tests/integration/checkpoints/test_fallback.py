@@ -38,6 +38,9 @@ def _iterations(trial):
     return [r["training_iteration"] for r in _rows(trial)]
 
 
+# A real Tune trial, failed, damaged and resumed twice: 40-60 s on 2 cores. The default run
+# has the override's direct test below.
+@pytest.mark.slow
 def test_a_trial_restores_past_a_damaged_checkpoint_tune_still_records(tmp_path):
     from ray import tune
 
