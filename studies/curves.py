@@ -78,7 +78,12 @@ CARTPOLE_DQN = Task(
     500_000, (0, 1, 2), "docs/dqn.md", (100_000, 250_000, 500_000), (195.0, 475.0),
     (0.0, 510.0),
 )  # fmt: skip
-TASKS = {t.name: t for t in (PONG_PPO, CARTPOLE_DQN)}
+# Pong DQN: seeds 0 and 1 of each path at 1M env steps, fixed in docs/dqn.md before the runs.
+PONG_DQN = Task(
+    "pong-dqn", "DQN on ALE/Pong-v5 (Tianshou's atari_dqn settings)", AMP, FP32_NATIVE,
+    1_000_000, (0, 1), "docs/dqn.md", (1_000_000, 2_000_000), (0.0, 15.0), (-21.5, 21.5),
+)  # fmt: skip
+TASKS = {t.name: t for t in (PONG_PPO, CARTPOLE_DQN, PONG_DQN)}
 REPLICATION_SEEDS = PONG_PPO.replication_seeds
 # Column -> pyarrow type name of curves.parquet (types fixed, so files of any day concatenate).
 COLUMNS = {

@@ -4,6 +4,11 @@
 (CleanRL's ``dqn.py`` recipe) along two paths, ``amp`` (the file's float16 + scaler) and
 ``fp32`` (the same with ``amp.enabled: false``).
 
+``--task pong-dqn``: DQN on ALE/Pong-v5 with ``tune_configs/pong_dqn_amp.yaml`` (Tianshou's
+``atari_dqn`` recipe, the write-up's agent) on one local EnvRunner of the file's 10 native envs
+and a local learner: ``amp-native`` (the file, precision auto), ``fp32-native``
+(``amp.enabled: false``) and ``amp-native-bn`` (the write-up's BatchNorm).
+
 ``--task pong-ppo`` (the default): PPO on ALE/Pong-v5 along three paths, each with
 ``tune_configs/pong_ppo_amp.yaml``'s PPO settings (CleanRL's ``ppo_atari`` recipe), the
 Nature CNN ("full") and one local EnvRunner of 16 envs:
@@ -55,6 +60,7 @@ from studies.curves import (
     AMP,
     CARTPOLE_DQN,
     FP32_NATIVE,
+    PONG_DQN,
     PONG_PPO,
     STOCK,
     TASKS,
@@ -68,14 +74,29 @@ PROG = "python -m studies.learning"
 # Path name -> the Atari-path variant of rllib_amp.bench (workloads.PATH_VARIANTS).
 PATHS = {STOCK: "fp32 wrappers", FP32_NATIVE: "fp32 native", AMP: "amp native"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CARTPOLE_DQN_YAML = os.path.join(ROOT, "tune_configs", "cartpole_dqn_amp.yaml")
-# Path name -> the overrides of CARTPOLE_DQN_YAML it trains with.
+# DQN task -> its experiment file.
+DQN_YAMLS = {
+    CARTPOLE_DQN.name: os.path.join(ROOT, "tune_configs", "cartpole_dqn_amp.yaml"),
+    PONG_DQN.name: os.path.join(ROOT, "tune_configs", "pong_dqn_amp.yaml"),
+}
+# Path name -> the overrides of the CartPole DQN file it trains with.
 DQN_PATHS: dict[str, dict[str, Any]] = {
     CARTPOLE_DQN.amp: {},
     CARTPOLE_DQN.reference: {"amp.enabled": False},
 }
+BATCHNORM = "amp-native-bn"
+# Path name -> the overrides of the Pong DQN file it trains with.
+PONG_DQN_PATHS: dict[str, dict[str, Any]] = {
+    PONG_DQN.amp: {},
+    PONG_DQN.reference: {"amp.enabled": False},
+    BATCHNORM: {"model.batchnorm": True},
+}
 # Task -> its paths.
-TASK_PATHS: dict[str, Mapping[str, Any]] = {PONG_PPO.name: PATHS, CARTPOLE_DQN.name: DQN_PATHS}
+TASK_PATHS: dict[str, Mapping[str, Any]] = {
+    PONG_PPO.name: PATHS,
+    CARTPOLE_DQN.name: DQN_PATHS,
+    PONG_DQN.name: PONG_DQN_PATHS,
+}
 # tune_configs/pong_ppo_amp.yaml's training section without its lr schedule (a test keeps the
 # two equal); the schedule anneals LR_START linearly to 0 over the run's step budget.
 TRAINING: dict[str, Any] = {
@@ -157,13 +178,17 @@ def build_config(
     path: str, seed: int, steps: int, device: str, batch: int | None, task: str = PONG_PPO.name
 ) -> Any:
     """The algorithm config of one run of ``task``."""
-    if task == CARTPOLE_DQN.name:
+    if task in DQN_YAMLS:
         from rllib_amp.experiment import load
 
-        overrides = {**DQN_PATHS[path], "seed": seed}
+        overrides = {**TASK_PATHS[task][path], "seed": seed}
+        if task == PONG_DQN.name:  # the file's cluster resources, on one machine
+            overrides["resources.num_env_runners"] = 0
+            overrides["resources.num_learners"] = 0
+            overrides["resources.num_gpus_per_learner"] = 1 if device == "cuda" else 0
         if batch is not None:
             overrides["training.train_batch_size_per_learner"] = batch
-        return load(CARTPOLE_DQN_YAML, overrides).algorithm_config()
+        return load(DQN_YAMLS[task], overrides).algorithm_config()
     from rllib_amp.bench.atari_figures import path_configs
 
     training = {**TRAINING, "lr": lr_schedule(steps)}
@@ -273,10 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--paths",
         default=None,
-        help="comma-separated; pong-ppo: "
-        + ", ".join(PATHS)
-        + "; cartpole-dqn: "
-        + ", ".join(DQN_PATHS)
+        help="comma-separated; "
+        + "; ".join(f"{task}: {', '.join(paths)}" for task, paths in TASK_PATHS.items())
         + " (default: the task's AMP path)",
     )
     p.add_argument("--steps", type=int, default=3_000_000, help="env steps per run")

@@ -186,7 +186,7 @@ def test_plot_only_of_a_folder_without_curves_exits_2(tmp_path, capsys):
             ["--task", "cartpole-dqn", "--paths", "amp-native"],
             "--paths: got 'amp-native'; give one or more of amp, fp32 (--task cartpole-dqn)",
         ),
-        (["--task", "pong-dqn"], "--task: invalid choice: 'pong-dqn'"),
+        (["--task", "pong-sac"], "--task: invalid choice: 'pong-sac'"),
         (["--checkpoint-every", "0"], "--checkpoint-every: got 0; must be >= 1"),
         (["--steps", "100", "--stop-at", "200"], "--stop-at: got 200; must be between 1 and"),
         (["--stop-at", "0"], "--stop-at: got 0; must be between 1 and --steps (3000000)"),
@@ -214,6 +214,30 @@ def test_cartpole_dqn_paths_differ_in_precision_only():
     assert (
         P.build_config("fp32", 0, 1, "cpu", 64, "cartpole-dqn").train_batch_size_per_learner == 64
     )
+
+
+def test_pong_dqn_paths_are_the_file_on_one_machine_differing_in_precision_or_batchnorm():
+    """Tianshou's recipe from the file; the cluster resources become one local EnvRunner and a
+    local learner; fp32 turns AMP off and amp-native-bn adds the write-up's BatchNorm."""
+    amp, fp32, bn = (
+        P.build_config(p, 1, 2_000_000, "cpu", None, "pong-dqn")
+        for p in ("amp-native", "fp32-native", "amp-native-bn")
+    )
+    assert [c.learner_config_dict["rllib_amp"]["enabled"] for c in (amp, fp32, bn)] == [
+        "auto", False, "auto"]  # fmt: skip
+    names = [c.rl_module_spec.module_class.__name__ for c in (amp, fp32, bn)]
+    assert "BatchNorm" in names[2] and "BatchNorm" not in names[0] and names[0] == names[1]
+    for cfg in (amp, fp32, bn):
+        assert (cfg.seed, cfg.lr, cfg.train_batch_size_per_learner, cfg.training_intensity,
+                cfg.n_step, cfg.target_network_update_freq, cfg.double_q, cfg.gamma) == (
+                1, 0.0001, 32, 3.2, 3, 5000, True, 0.99)  # fmt: skip
+        assert (cfg.num_env_runners, cfg.num_learners, cfg.num_gpus_per_learner) == (0, 0, 0)
+        assert cfg.num_envs_per_env_runner * cfg.get_rollout_fragment_length() == 40
+        assert cfg.replay_buffer_config["capacity"] == 100_000
+    # One update of 32 per 10 env steps: 4 updates per sampling round of 10 envs x 4 steps.
+    from ray.rllib.algorithms.dqn.dqn import calculate_rr_weights
+
+    assert calculate_rr_weights(amp) == [1, 4]
 
 
 def test_the_cartpole_report_reads_its_own_milestones_and_paths():

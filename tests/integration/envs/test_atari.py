@@ -100,6 +100,7 @@ def test_pong_dqn_batchnorm_on_the_native_env_keeps_uint8_in_the_replay_buffer()
     exp = load(
         "pong_dqn_amp.yaml",
         **{
+            "model.batchnorm": True,
             "training.train_batch_size_per_learner": 16,
             "training.num_steps_sampled_before_learning_starts": 64,
         },
@@ -132,7 +133,7 @@ def test_pong_dqn_batchnorm_on_the_native_env_keeps_uint8_in_the_replay_buffer()
         assert seen and {dtype for dtype, _ in seen} == {torch.uint8}
         stored = list(a.local_replay_buffer.episodes)
         assert stored
-        assert {e.get_observations().dtype for e in stored} == {np.dtype(np.uint8)}
+        assert {np.asarray(e.get_observations()).dtype for e in stored} == {np.dtype(np.uint8)}
         after = weights(a)
         assert all_finite(after) and not same(before, after)
     finally:
