@@ -1,10 +1,7 @@
-"""The experiment lock: one command per experiment at a time.
-
-While a command runs an experiment, its folder holds ``rllib_amp.lock`` naming the host and
-pid, so a second command on it (the same ``--name`` twice, a ``--resume`` while it runs) is
-refused with exit 2 and one line. On a local path or a shared mount the lock is
-``filelock.FileLock`` (the OS releases it when its process dies, however it dies); an object
-store has no lock, so there the file is created if absent and judged by its pid.
+"""The experiment lock: while a command runs an experiment, its folder holds
+``rllib_amp.lock`` naming the host and pid, and a second command on it is refused (exit 2).
+On a local path or a mount it is a ``filelock.FileLock``, which the OS releases with its
+process; an object store has no lock: there the file is created if absent, judged by its pid.
 
 Example:
     >>> import tempfile
@@ -33,12 +30,9 @@ from rllib_amp.cli import UsageError
 LOCK_FILE = "rllib_amp.lock"
 # What a lock file holds: {"host": ..., "pid": ...}; {} when being written or unreadable.
 Owner = dict[str, object]
-# The locks this process holds (their locations), taken under ``locks_released``.
-_held: list[str] = []
-# Of those, the local and mounted ones: their filelock.FileLock, held until ``unlock``.
-_local_locks: dict[str, filelock.BaseFileLock] = {}
-# Local folders that a lock created (removed with the lock when the run left nothing in them).
-_made_folders: set[str] = set()
+_held: list[str] = []  # the locations of the locks this process holds
+_local_locks: dict[str, filelock.BaseFileLock] = {}  # of those, the local ones' FileLock
+_made_folders: set[str] = set()  # folders a lock made: removed with it while empty
 
 
 @contextlib.contextmanager
@@ -54,11 +48,9 @@ def locks_released() -> Iterator[None]:
 
 def lock(storage: str, name: str, where: str = "--name") -> None:
     """Takes experiment ``name``'s lock, or refuses (UsageError, exit 2) naming the run that
-    holds it. Local and mounted storage: ``filelock.FileLock(...).acquire(timeout=0)``, and a
-    file no process holds (its command was killed) is taken over with a line saying so. An
-    object store: the file is created if absent (a check, then a write: two commands within
-    the same moment are not told apart), taken over once its pid no longer runs on this
-    host; a lock from another host is never judged stale."""
+    holds it; a lock its command left (killed) is taken over with a line saying so. On an
+    object store it is a check then a write: two commands within one moment are not told
+    apart, and a lock from another host is never judged stale (its pid is not checkable)."""
     location = files.join(storage, name, LOCK_FILE)
     fs, path = files.resolve(location)
     # A folder the lock brings into being goes with it: a start refused later leaves nothing.

@@ -18,6 +18,7 @@ import socket
 import threading
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -110,8 +111,7 @@ def _host_port(address: str) -> tuple[str | None, int | None]:
     return (None, None) if u.query or u.fragment else (u.hostname, port)
 
 
-# What ray/_private/node.py raises once a new node's raylet has not registered with the GCS
-# within its fixed 30 s.
+# What ray/_private/node.py raises once a new raylet has not registered within its fixed 30 s.
 RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
@@ -156,15 +156,14 @@ def start_ray(address: str | None, where: str) -> str | None:
     return info.get("session_dir")
 
 
-# -- The local Ray dying under the command -------------------------------------------------
-# How often the command checks the processes of the local Ray it started, and how long Tune
-# then gets to save the experiment state and stop before a command stuck in a call to the
-# dead Ray (a GCS gone: Ray's calls wait for it) is ended anyway.
+# How often the command checks the local Ray it started, and how long Tune then gets to save
+# the experiment state before a command stuck in a call to the dead Ray is ended anyway.
 WATCH_PERIOD_S = 1.0
 RAY_DEATH_GRACE_S = 40.0
 RAY_PROCESSES = ("raylet", "gcs_server")  # the names of Ray's executables
 
 
+@dataclass(eq=False)  # one watchdog is one thread: compared by identity
 class LocalRayWatchdog:
     """For the command's own process only (``rllib_amp.cli.may_end_process``): watches, in a
     daemon thread, the raylet and GCS server of the local Ray this process started (its
@@ -178,20 +177,14 @@ class LocalRayWatchdog:
         >>> watchdog.stop_checking(); ray.shutdown(); watchdog.release()  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        on_death: Callable[[str], None],
-        on_stuck: Callable[[str], None],
-        period_s: float = WATCH_PERIOD_S,
-        grace_s: float = RAY_DEATH_GRACE_S,
-    ) -> None:
-        self.on_death = on_death
-        self.on_stuck = on_stuck
-        self.period_s = period_s
-        self.grace_s = grace_s
-        self._checking = threading.Event()
-        self._released = threading.Event()
-        self._calling = threading.Lock()  # held while a callback runs: release waits for it
+    on_death: Callable[[str], None]
+    on_stuck: Callable[[str], None]
+    period_s: float = WATCH_PERIOD_S
+    grace_s: float = RAY_DEATH_GRACE_S
+    _checking: threading.Event = field(default_factory=threading.Event, init=False)
+    _released: threading.Event = field(default_factory=threading.Event, init=False)
+    # Held while a callback runs: release waits for it.
+    _calling: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def start(self, session_dir: str) -> None:
         """Watches the Ray processes among this process's children; those naming
@@ -202,12 +195,9 @@ class LocalRayWatchdog:
         if not watched:  # not a Ray this process started
             return
         self._checking.set()
-        threading.Thread(
-            target=self._run,
-            args=(watched, session_dir),
-            name="rllib_amp-ray-watchdog",
-            daemon=True,
-        ).start()
+        thread = threading.Thread(target=self._run, args=(watched, session_dir), daemon=True)
+        thread.name = "rllib_amp-ray-watchdog"
+        thread.start()
 
     def stop_checking(self) -> None:
         """No check from now on (before ``ray.shutdown``, which ends the watched processes)."""

@@ -1,11 +1,8 @@
-"""Experiment names, reruns and the resume rules.
-
-A run without ``--name`` gets the file's name and its start time, so the same command again
-starts a new run beside the old one; ``--resume`` without ``--name`` continues the newest. An
-explicit ``--name`` that exists is refused (a new Tune experiment there would orphan the old
-trials' checkpoints). A finished run (every trial TERMINATED, results.parquet written) is not
-continued: a rerun of its ``--name`` is refused naming its results, its ``--resume`` says
-where they are and ends with exit 0 (``Finished``).
+"""Experiment names, reruns and the resume rules: a run without ``--name`` gets the file's
+name and its start time, so the same command again starts a new run beside the old one, and
+``--resume`` without ``--name`` continues the newest. An explicit ``--name`` in use is refused
+(a new Tune experiment there would orphan the old trials' checkpoints); a finished run is
+not continued (``finished``).
 
 Example:
     >>> import datetime
@@ -43,14 +40,11 @@ if TYPE_CHECKING:
 EXPERIMENT_FILE = "experiment.yaml"
 # Keys of the resolved experiment that may change between a run and its --resume.
 UNCOMPARED_KEYS = ("storage_path",)
-# Sorts as text in time order, and is a valid folder name everywhere (no ':').
-STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
+STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"  # sorts in time order; no ':', so a folder name anywhere
 _STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
 _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
-# Tries at a fresh name before giving up: each failed try means another run took that name.
-_MAX_NAME_TRIES = 1000
-# Beside the experiment's trials once its summary is written (written by sweep.main).
-RESULTS_FILE = "results.parquet"
+_MAX_NAME_TRIES = 1000  # each failed try is a name another run took
+RESULTS_FILE = "results.parquet"  # beside the trials once sweep.main wrote the summary
 
 
 def check_name(name: str, where: str = "--name") -> None:

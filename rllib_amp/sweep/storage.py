@@ -1,11 +1,7 @@
-"""Where experiments are written, and the storage rules on top of ``rllib_amp.fs``: which
-location, whether it is reachable and writable (from every node of a cluster too: since Ray 2.7
-a trial whose node cannot reach the storage fails at its first checkpoint), whether an error
-is the storage failing.
-
-A location is a local path or a shared mount (``~/ray_results``, made absolute here) or a URI
-pyarrow opens (``s3://bucket/exp?endpoint_override=127.0.0.1:9000&scheme=http``), passed to
-Tune untouched.
+"""Where experiments are written (a local path or shared mount, made absolute, or a URI
+pyarrow opens, passed to Tune untouched) and the storage rules on top of ``rllib_amp.fs``:
+whether it is reachable and writable, from every node too (since Ray 2.7 a trial whose node
+cannot reach it fails at its first checkpoint), and whether an error is the storage failing.
 
 Example:
     >>> resolve("file:///mnt/nfs/x", "/mnt/other", {})
@@ -42,8 +38,7 @@ FIX = (
 )
 # How long a node may take to start the tiny task that reads the marker.
 REACH_TIMEOUT_S = 120.0
-# errno values that say the storage itself refused a write: a full disk, a read-only mount,
-# a quota, no permission.
+# errno values of the storage itself refusing a write: full, read-only, a quota, no permission.
 FAILED_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES})
 # What a file being replaced is written to first, beside it (never a name Tune uses).
 PARTIAL_SUFFIX = ".rllib-amp-partial"
@@ -59,7 +54,6 @@ class StorageFailed(Exception):
 
     def __init__(self, exp_dir: str, cause: BaseException) -> None:
         super().__init__(f"the storage at {exp_dir} failed: {files.error_line(cause)}")
-        self.exp_dir = exp_dir
 
 
 def resolve(flag: str | None, from_file: str | None, env: Mapping[str, str] | None = None) -> str:
@@ -154,10 +148,9 @@ def check_writable(location: str) -> None:
 
 
 def failed(error: BaseException, exp_dir: str) -> bool:
-    """Whether ``error`` (an OSError out of Tune's run) is the storage at ``exp_dir`` failing,
-    not a trial's file or a socket: its errno says a write was refused (``FAILED_ERRNOS``) on
-    a path in a local ``exp_dir``, or the storage fails a fresh check now (reachable, a
-    marker written).
+    """Whether ``error`` (an OSError out of Tune's run) is the storage at ``exp_dir`` failing:
+    a refused write's errno (``FAILED_ERRNOS``) on a path in a local ``exp_dir``, or a fresh
+    check of it failing now (reachable, a marker written).
 
     Example:
         >>> import tempfile
@@ -177,10 +170,9 @@ def failed(error: BaseException, exp_dir: str) -> bool:
     return _write_failure(exp_dir) is not None
 
 
-# A trial's root error line (``root_error``) that is the storage refusing a write or not
-# answering: an OSError for a full disk, a quota, a read-only mount, a dead endpoint; Tune's
-# RuntimeError for a node that cannot set up the storage. An env's own "Could not connect to
-# server" (a RuntimeError, a ConnectionError) is the trial's fault.
+# A trial's root error line that is the storage refusing a write or not answering: an
+# OSError (full, a quota, read-only, a dead endpoint), Tune's RuntimeError for a node that
+# cannot set it up. An env's own "Could not connect to server" (no OSError) is the trial's.
 _STORAGE_ERROR = re.compile(
     r"^(?:[\w.]+\.)?(?:OSError|IOError|ArrowIOError): .*(?:No space left on device"
     r"|Disk quota exceeded|Read-only file system|\[Errno (?:28|30|122)\]"
@@ -287,15 +279,12 @@ def _unread(ref: ray.ObjectRef[bytes], ready: bool, token: bytes, timeout_s: flo
 @contextlib.contextmanager
 def keep_files_whole() -> Iterator[None]:
     """Within it, each file Tune uploads to a local or mounted storage replaces the old one
-    whole or not at all, so a full disk mid-run keeps the last complete copy.
-
-    Tune copies its experiment state and every trial's ``result.json`` and error files over
-    the old file again and again; the copy that met a full disk cut it (seen: an experiment
-    state cut mid-JSON, which ``--resume`` could not read). Here each file goes to
-    ``<name>.rllib-amp-partial`` and is renamed over the old one once complete. Object stores
-    replace an object only on a complete upload already. This replaces Tune's copy function,
-    ``ray.train._internal.storage._pyarrow_fs_copy_files`` (tests/unit/sweep/test_storage.py
-    pins it), until the block ends; nested uses wrap once.
+    whole or not at all: Tune copies its experiment state and each ``result.json`` over the
+    old file again and again, and the copy that met a full disk cut it (seen: a state cut
+    mid-JSON, which ``--resume`` could not read). Each file goes to ``<name>.rllib-amp-partial``
+    and is renamed over the old one once complete (object stores do that already), through
+    Tune's copy function ``ray.train._internal.storage._pyarrow_fs_copy_files``, replaced
+    until the block ends (tests/unit/sweep/test_storage.py pins it); nested uses wrap once.
 
     Example:
         >>> with keep_files_whole():  # doctest: +SKIP
