@@ -1,24 +1,8 @@
-"""Files: the one place that turns a path or URI into a filesystem, and reads, writes, lists
-and decodes checkpoint files.
-
-A location is a local path (``~`` expanded, made absolute) or a URI pyarrow opens (``s3://``,
-``gs://``, ``file://``, ``abfs://``...). A scheme of one letter is a Windows drive
-(``C:/runs``), not a URI. Everything above this module reads and writes files through these
-functions, so local folders and object stores behave alike.
-
-Remote filesystems are built with pyarrow's own bounds (``RLLIB_AMP_REMOTE_TIMEOUT_S``, default
-30 s): S3's connect and request timeouts with a bounded retry strategy, GCS's retry time
-limit. An S3 endpoint that never answers, or GCS retrying a credentials lookup, ends in an
-OSError within about that time instead of a hang of minutes; ``probe`` names it.
-
-Example:
-    >>> is_uri("s3://bucket/exp"), is_uri("C:/runs"), is_uri("runs:2")
-    (True, False, False)
-    >>> fs, path = resolve("/tmp/run/checkpoint_000001")
-    >>> fs.type_name, path
-    ('local', '/tmp/run/checkpoint_000001')
-    >>> join("s3://b/run?endpoint_override=127.0.0.1:9000&scheme=http", "checkpoint_000001")
-    's3://b/run/checkpoint_000001?endpoint_override=127.0.0.1:9000&scheme=http'
+"""Files: the one place that turns a location (a local path or a URI pyarrow opens: ``s3://``,
+``gs://``, ``file://``, ``abfs://``...) into a pyarrow filesystem and a path on it, and reads,
+writes, lists and decodes checkpoint files, so local folders and object stores behave alike.
+S3 and GCS get pyarrow's own bounds on each call (``RLLIB_AMP_REMOTE_TIMEOUT_S``, default
+30 s): an endpoint that never answers ends in an OSError, not a hang of minutes.
 """
 
 from __future__ import annotations
@@ -37,21 +21,24 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow.fs
+from pyarrow.fs import FileSelector, FileSystem, FileType
 
-# Tune's checkpoint folder names (StorageContext): ``checkpoint_000003``, nothing after the
-# number, so a folder moved aside (``checkpoint_000003.damaged``) is never one.
+# Tune's checkpoint folder names; never one moved aside (``checkpoint_000003.damaged``).
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint_(\d+)$")
 # The file endings ``decode`` reads: RLlib's state files (pickle, msgpack) and JSON.
 STATE_FORMATS: tuple[str, ...] = (".pkl", ".msgpack", ".json")
-# pyarrow's filesystem type names that differ from the URI scheme users write.
-_SCHEMES = {"gcs": "gs"}
-# How long one remote call may stay unanswered before it fails: pyarrow's S3 connect and
-# inactivity timeouts (a third of it each, as the S3 client tries REMOTE_ATTEMPTS times),
-# GCS's retry limit. Without it an S3 endpoint that accepts and never answers holds a call
-# for 100 s, and GCS retries a failing credentials lookup for 15 minutes.
+# Without a bound, an S3 endpoint that accepts and never answers holds a call for 100 s, and
+# GCS retries a failing credentials lookup for 15 minutes. S3 gets a third of it per try.
 REMOTE_TIMEOUT_ENV = "RLLIB_AMP_REMOTE_TIMEOUT_S"
 DEFAULT_REMOTE_TIMEOUT_S = 30.0
 REMOTE_ATTEMPTS = 3
+# Tune's experiment state files (TuneController.CKPT_FILE_TMPL): Tune resumes the newest.
+EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
+# The marker ``write_probe`` writes: never a name Tune or RLlib uses.
+PROBE_PREFIX = ".rllib-amp-storage-check-"
+# What pyarrow's S3 client (curl) says when a call ran out of time rather than was refused.
+_TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out|deadline", re.IGNORECASE)
+_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 
 
 class RemoteTimeout(TimeoutError):
@@ -59,7 +46,7 @@ class RemoteTimeout(TimeoutError):
 
 
 def remote_timeout_s(env: Mapping[str, str] | None = None) -> float:
-    """Seconds a remote access may stay unanswered: ``$RLLIB_AMP_REMOTE_TIMEOUT_S`` or 30.
+    """Seconds a remote call may stay unanswered: ``$RLLIB_AMP_REMOTE_TIMEOUT_S`` or 30.
 
     Example:
         >>> remote_timeout_s({"RLLIB_AMP_REMOTE_TIMEOUT_S": "5"}), remote_timeout_s({})
@@ -68,16 +55,13 @@ def remote_timeout_s(env: Mapping[str, str] | None = None) -> float:
     raw = (os.environ if env is None else env).get(REMOTE_TIMEOUT_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_REMOTE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(
-            f"{REMOTE_TIMEOUT_ENV}: got {raw!r}; must be a number of seconds > 0, e.g. "
-            f"{REMOTE_TIMEOUT_ENV}=30 (or unset it for {DEFAULT_REMOTE_TIMEOUT_S:g})"
-        )
-    return value
+    with contextlib.suppress(ValueError):
+        if 0 < (value := float(raw)) < float("inf"):
+            return value
+    raise ValueError(
+        f"{REMOTE_TIMEOUT_ENV}: got {raw!r}; must be a number of seconds > 0, e.g. "
+        f"{REMOTE_TIMEOUT_ENV}=30 (or unset it for {DEFAULT_REMOTE_TIMEOUT_S:g})"
+    )
 
 
 def is_uri(location: str) -> bool:
@@ -91,8 +75,7 @@ def is_uri(location: str) -> bool:
 
 
 def join(location: str, *parts: str) -> str:
-    """``location/part/...``: a local path, or a URI whose query (``?endpoint_override=...``)
-    stays at the end, after the joined path.
+    """``location/part/...``; a URI's query (``?endpoint_override=...``) stays at the end.
 
     Example:
         >>> join("/runs", "a", "b"), join("gs://bucket/exp", "trial_0")
@@ -105,12 +88,7 @@ def join(location: str, *parts: str) -> str:
 
 
 def to_uri(location: str, fs_path: str) -> str:
-    """A path on ``location``'s filesystem (as Tune reports checkpoints) as a full location
-    with ``location``'s scheme and query, so it can be pasted back into the CLI.
-
-    pyarrow's paths start with the bucket (``s3://``, ``gs://``) or the container
-    (``abfs://container@account...``); filesystems addressed by host (``hdfs://``) and
-    ``file://`` give absolute paths.
+    """A path on ``location``'s filesystem (as Tune reports it) with its scheme and query.
 
     Example:
         >>> to_uri("s3://b/exp?endpoint_override=127.0.0.1:9000", "b/exp/t/checkpoint_000001")
@@ -127,21 +105,16 @@ def to_uri(location: str, fs_path: str) -> str:
     return urllib.parse.urlunparse(u._replace(netloc=netloc, path="/" + rest if rest else ""))
 
 
-_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
-
-
 def local_path(location: str) -> str:
-    """A local path made absolute (Tune trials run in their own folder), with ``~`` and
-    environment variables (``$HOME``, ``${RUNS}``) expanded: the one rule for every path flag
-    and key, quoted or not. A variable that is not set raises ValueError naming it.
+    """A local path with ``~``, ``$HOME`` or ``${RUNS}`` expanded, made absolute (Tune trials
+    run in their own folder); ValueError naming a variable that is not set.
 
     Example:
         >>> local_path("/tmp/../tmp/x")
         '/tmp/x'
     """
     expanded = os.path.expandvars(os.path.expanduser(location))
-    unset = _VARIABLE.search(expanded)
-    if unset is not None:
+    if unset := _VARIABLE.search(expanded):
         raise ValueError(
             f"{location!r} names ${unset.group(1).strip('{}')}, which is not set; set it, or "
             f"write the path out"
@@ -150,8 +123,7 @@ def local_path(location: str) -> str:
 
 
 def existing_location(location: str) -> str:
-    """A URI untouched (checked where it is read), or a local path made absolute; a local
-    path that does not exist raises FileNotFoundError naming it.
+    """A URI untouched (checked where it is read), or an existing local path made absolute.
 
     Example:
         >>> existing_location("s3://bucket/run/checkpoint_000009")
@@ -159,75 +131,58 @@ def existing_location(location: str) -> str:
     """
     if is_uri(location):
         return location
-    path = local_path(location)
-    if not os.path.exists(path):
+    if not os.path.exists(path := local_path(location)):
         raise FileNotFoundError(path)
     return path
 
 
-def resolve(location: Any, filesystem: pyarrow.fs.FileSystem | None = None) -> tuple[Any, str]:
-    """(pyarrow filesystem, path on it) for a local path, a ``pathlib.Path`` or a URI.
-
-    With ``filesystem`` given, ``location`` is already a path on it and is returned as is.
-    S3 and GCS filesystems get the remote timeout (``remote_timeout_s``) where the URI sets
-    none. pyarrow's errors (an unknown scheme, a bad URI) propagate: callers say which key
-    it was.
+def resolve(
+    location: str | os.PathLike[str], filesystem: FileSystem | None = None
+) -> tuple[FileSystem, str]:
+    """(pyarrow filesystem, path on it); with ``filesystem`` given, ``location`` is a path on
+    it already. pyarrow's errors (an unknown scheme) propagate: callers name the key.
 
     Example:
         >>> resolve("file:///tmp/exp")[1]
         '/tmp/exp'
     """
-    text = location if isinstance(location, str) else os.fspath(location)
+    text = os.fspath(location)
     if filesystem is not None:
         return filesystem, text
     if is_uri(text):
-        fs, path = pyarrow.fs.FileSystem.from_uri(text)
+        fs, path = FileSystem.from_uri(text)
         return _with_timeouts(fs), path
     return pyarrow.fs.LocalFileSystem(), local_path(text)
 
 
-def _with_timeouts(fs: Any) -> Any:
-    """The same filesystem with pyarrow's own bounds on each call: S3's connect and request
-    timeouts and a retry strategy of ``REMOTE_ATTEMPTS`` tries, GCS's retry time limit.
-    pyarrow takes none of them in an S3 URI's query, so the filesystem is built again from
-    its own arguments (what pickling uses)."""
-    timeout = remote_timeout_s()
-    kind = type(fs).__name__
-    if kind not in ("S3FileSystem", "GcsFileSystem"):
+def _with_timeouts(fs: FileSystem) -> FileSystem:
+    """S3 with connect and request timeouts and bounded retries, GCS with a retry limit."""
+    if fs.type_name not in ("s3", "gcs"):
         return fs
-    reconstruct, (kwargs, *_) = fs.__reduce__()
-    if kind == "S3FileSystem":
+    timeout = remote_timeout_s()
+    reconstruct, (kwargs, *_) = fs.__reduce__()  # its own arguments: a URI's query sets none
+    if fs.type_name == "s3":
         for key in ("connect_timeout", "request_timeout"):
             if kwargs.get(key) is None or kwargs[key] < 0:
                 kwargs[key] = timeout / REMOTE_ATTEMPTS
         retry = pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=REMOTE_ATTEMPTS)
         return pyarrow.fs.S3FileSystem(**kwargs, retry_strategy=retry)
-    if kwargs.get("retry_time_limit") is None:  # GCS (?retry_limit_seconds= sets it)
+    if kwargs.get("retry_time_limit") is None:
         kwargs["retry_time_limit"] = datetime.timedelta(seconds=max(1, round(timeout)))
     return reconstruct(kwargs)
 
 
-# What pyarrow's S3 client (curl) says when a call ran out of time rather than was refused.
-_TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out|deadline", re.IGNORECASE)
-
-
 def probe(location: str) -> None:
-    """Opens a URI's filesystem and asks it about ``location``: the pyarrow OSError (a closed
-    port, no credentials, no libjvm for hdfs://), or RemoteTimeout when the remote gave no
-    answer within the remote timeout (``remote_timeout_s``). Local paths are not probed. A
-    missing path is fine.
-
-    The call is pyarrow's own, bounded by the filesystem's timeouts (``resolve``): Ctrl-C or
-    SIGTERM during it takes effect when it returns, within one remote timeout.
+    """Asks a URI's filesystem about ``location`` (local paths are not asked): pyarrow's
+    OSError (a closed port, no credentials), or RemoteTimeout after ``remote_timeout_s``.
 
     Example:
         >>> probe("/no/such/folder")  # local: nothing to reach
     """
     if not is_uri(location):
         return
-    fs, path = resolve(location)
     try:
-        fs.get_file_info(path)
+        exists(*resolve(location))
     except OSError as e:
         if _TIMED_OUT.search(str(e)):
             raise RemoteTimeout(
@@ -237,19 +192,17 @@ def probe(location: str) -> None:
 
 
 def error_line(e: BaseException) -> str:
-    """The first line of an error, as a cause in parentheses: pyarrow's OSErrors run to 40
-    lines (hdfs's libjvm search) where the first says what failed.
+    """The first line of an error: pyarrow's OSErrors run to 40 lines (hdfs's libjvm search).
 
     Example:
         >>> error_line(OSError("Unable to load libjvm\\ndlopen(...) failed"))
         'Unable to load libjvm'
     """
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0].strip()
+    return (str(e).strip() or type(e).__name__).splitlines()[0].strip()
 
 
-def display_path(fs: Any, fs_path: str) -> str:
-    """The path as a user would type it: local paths as they are, others as ``scheme://...``.
+def display_path(fs: FileSystem, fs_path: str) -> str:
+    """The path as a user would type it: ``scheme://...`` but for local paths.
 
     Example:
         >>> display_path(pyarrow.fs.LocalFileSystem(), "/tmp/x")
@@ -257,82 +210,81 @@ def display_path(fs: Any, fs_path: str) -> str:
     """
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         return fs_path
-    return f"{_SCHEMES.get(fs.type_name, fs.type_name)}://{fs_path}"
+    return f"{'gs' if fs.type_name == 'gcs' else fs.type_name}://{fs_path}"
 
 
-def is_dir(fs: Any, fs_path: str) -> bool:
-    return bool(fs.get_file_info(fs_path).type == pyarrow.fs.FileType.Directory)
+def is_dir(fs: FileSystem, fs_path: str) -> bool:
+    return bool(fs.get_file_info(fs_path).type == FileType.Directory)
 
 
-def is_file(fs: Any, fs_path: str) -> bool:
-    return bool(fs.get_file_info(fs_path).type == pyarrow.fs.FileType.File)
+def is_file(fs: FileSystem, fs_path: str) -> bool:
+    return bool(fs.get_file_info(fs_path).type == FileType.File)
 
 
-def exists(fs: Any, fs_path: str) -> bool:
-    return bool(fs.get_file_info(fs_path).type != pyarrow.fs.FileType.NotFound)
+def exists(fs: FileSystem, fs_path: str) -> bool:
+    return bool(fs.get_file_info(fs_path).type != FileType.NotFound)
 
 
-def list_files(fs: Any, root: str) -> list[str]:
+def list_files(fs: FileSystem, root: str) -> list[str]:
     """Every file below ``root``, as sorted posix paths relative to it."""
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
-    return sorted(
-        posixpath.relpath(info.path, root)
-        for info in infos
-        if info.type == pyarrow.fs.FileType.File
-    )
+    infos = fs.get_file_info(FileSelector(root, recursive=True))
+    return sorted(posixpath.relpath(i.path, root) for i in infos if i.type == FileType.File)
 
 
-def checkpoint_folders(fs: Any, root: str) -> list[str]:
-    """The ``checkpoint_NNNNNN`` folders directly under ``root`` (a Tune trial), newest first.
+def _entries(fs: FileSystem, root: str, kind: FileType) -> list[pyarrow.fs.FileInfo]:
+    infos = fs.get_file_info(FileSelector(root, allow_not_found=True))
+    return [i for i in infos if i.type == kind]
 
-    Folders moved aside (``checkpoint_000003.damaged``) and files are never listed; a
-    missing ``root`` lists nothing.
+
+def checkpoint_folders(fs: FileSystem, root: str) -> list[str]:
+    """The ``checkpoint_NNNNNN`` folders directly in ``root`` (a Tune trial), newest first.
 
     Example:
         >>> checkpoint_folders(pyarrow.fs.LocalFileSystem(), "/no/such/trial")
         []
     """
-    selector = pyarrow.fs.FileSelector(root, allow_not_found=True, recursive=False)
-    found = []
-    for info in fs.get_file_info(selector):
-        match = CHECKPOINT_FOLDER.match(info.base_name)
-        if match and info.type == pyarrow.fs.FileType.Directory:
-            found.append((int(match.group(1)), info.path))
-    return [path for _, path in sorted(found, reverse=True)]
+    numbered = [
+        (int(match.group(1)), i.path)
+        for i in _entries(fs, root, FileType.Directory)
+        if (match := CHECKPOINT_FOLDER.match(i.base_name))
+    ]
+    return [path for _, path in sorted(numbered, reverse=True)]
 
 
-def read_bytes(fs: Any, fs_path: str) -> bytes:
-    """The content of one file."""
+def experiment_state_file(fs: FileSystem, root: str) -> str | None:
+    """The newest Tune experiment state file directly in ``root``, or None.
+
+    Example:
+        >>> experiment_state_file(pyarrow.fs.LocalFileSystem(), "/no/such/experiment")
+    """
+    files = [i.base_name for i in _entries(fs, root, FileType.File)]
+    names = fnmatch.filter(files, EXPERIMENT_STATE_GLOB)
+    return posixpath.join(root, max(names)) if names else None
+
+
+def read_bytes(fs: FileSystem, fs_path: str) -> bytes:
     with fs.open_input_stream(fs_path) as f:
         return bytes(f.readall())
 
 
-def write_bytes(fs: Any, fs_path: str, data: bytes) -> None:
+def write_bytes(fs: FileSystem, fs_path: str, data: bytes) -> None:
     """Writes ``data`` to one file, making its folder first if needed."""
-    parent = posixpath.dirname(fs_path)
-    if parent:
+    if parent := posixpath.dirname(fs_path):
         fs.create_dir(parent, recursive=True)
     with fs.open_output_stream(fs_path) as out:
         out.write(data)
 
 
-def delete_file(fs: Any, fs_path: str) -> None:
+def delete_file(fs: FileSystem, fs_path: str) -> None:
     """Removes one file; a file already gone is fine."""
     with contextlib.suppress(FileNotFoundError):
         fs.delete_file(fs_path)
 
 
-# The marker ``write_probe`` writes: never a name Tune or RLlib uses.
-PROBE_PREFIX = ".rllib-amp-storage-check-"
-
-
 @contextlib.contextmanager
 def write_probe(location: str) -> Iterator[tuple[str, bytes]]:
-    """The one write check: writes a marker of random content into ``location`` and yields
-    ``(the marker's location, its content)`` for the caller to read back (on this machine,
-    or from every node); removes it on the way out, with the folder the write made (a local
-    ``location`` that did not exist: only while empty). Raises what pyarrow raises when the
-    write fails (a missing bucket, no credentials, a read-only or full disk).
+    """The one write check: yields (location, content) of a random marker written into
+    ``location``, to read back here or on every node, then removes it (and a folder it made).
 
     Example:
         >>> import tempfile
@@ -343,44 +295,19 @@ def write_probe(location: str) -> Iterator[tuple[str, bytes]]:
     fs, root = resolve(location)
     made = not is_uri(location) and not exists(fs, root)
     name = PROBE_PREFIX + secrets.token_hex(8)
-    marker, token = join(location, name), secrets.token_bytes(16)
+    token = secrets.token_bytes(16)
     try:
         write_bytes(fs, posixpath.join(root, name), token)
-        yield marker, token
+        yield join(location, name), token
     finally:
         with contextlib.suppress(OSError):
             delete_file(fs, posixpath.join(root, name))
-            if made and not fs.get_file_info(pyarrow.fs.FileSelector(root)):
-                fs.delete_dir(root)  # only while empty: nothing of anyone else's goes
-
-
-# Tune's experiment state files (TuneController.CKPT_FILE_TMPL): the newest by name (the name
-# holds the start time) is the one Tune resumes from.
-EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
-
-
-def experiment_state_file(fs: Any, root: str) -> str | None:
-    """The path of the newest Tune experiment state file directly in ``root`` (an experiment
-    folder), or None when there is none (a missing ``root`` included). The one reader of
-    where Tune keeps its experiment state.
-
-    Example:
-        >>> experiment_state_file(pyarrow.fs.LocalFileSystem(), "/no/such/experiment")
-    """
-    selector = pyarrow.fs.FileSelector(root, allow_not_found=True, recursive=False)
-    names = [
-        info.base_name
-        for info in fs.get_file_info(selector)
-        if info.type == pyarrow.fs.FileType.File
-        and fnmatch.fnmatch(info.base_name, EXPERIMENT_STATE_GLOB)
-    ]
-    return posixpath.join(root, max(names)) if names else None
+            if made:
+                os.rmdir(root)  # only while empty: nothing of anyone else's goes
 
 
 def decode(fs_path: str, data: bytes) -> Any:
-    """The object a state file holds, by its ending (``STATE_FORMATS``).
-
-    Raises ValueError for another ending; parse errors propagate (the caller names the file).
+    """The object a state file holds, by its ending (``STATE_FORMATS``; ValueError else).
 
     Example:
         >>> decode("x/state.json", b'{"a": 1}')
@@ -392,10 +319,8 @@ def decode(fs_path: str, data: bytes) -> Any:
     if ext == ".msgpack":
         try:
             import msgpack_numpy as msgpack
-        except ImportError:
-            # Plain msgpack parses the same bytes; numpy arrays come back as ExtType, which
-            # is enough for readers of plain numbers (warm starts).
-            import msgpack
+        except ImportError:  # plain msgpack: numpy arrays come back as ExtType, enough for
+            import msgpack  # readers of plain numbers (warm starts)
         return msgpack.unpackb(data, strict_map_key=False)
     if ext == ".json":
         return json.loads(data.decode("utf-8"))

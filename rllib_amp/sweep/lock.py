@@ -1,10 +1,7 @@
-"""The experiment lock: one command per experiment at a time.
-
-While a command runs an experiment, its folder holds ``rllib_amp.lock``, naming the host and
-pid, so that a second command on it (the same ``--name`` started twice, a ``--resume`` while
-it runs) is refused with exit 2 and one line. On a local path or a shared mount the lock is
-``filelock.FileLock`` (the OS releases it when its process dies, however it dies); an object
-store has no lock, so there the file is created if absent and judged by its pid.
+"""The experiment lock: while a command runs an experiment, its folder holds
+``rllib_amp.lock`` naming the host and pid, and a second command on it is refused (exit 2).
+On a local path or a mount it is a ``filelock.FileLock``, which the OS releases with its
+process; an object store has no lock: there the file is created if absent, judged by its pid.
 
 Example:
     >>> import tempfile
@@ -23,7 +20,6 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import filelock
 import pyarrow.fs
@@ -32,18 +28,16 @@ from rllib_amp import fs as files
 from rllib_amp.cli import UsageError
 
 LOCK_FILE = "rllib_amp.lock"
-# The locks this process holds (their locations), taken under ``locks_released``.
-_held: list[str] = []
-# Of those, the local and mounted ones: their filelock.FileLock, held until ``unlock``.
-_local_locks: dict[str, filelock.BaseFileLock] = {}
-# Local folders that a lock created (removed with the lock when the run left nothing in them).
-_made_folders: set[str] = set()
+# What a lock file holds: {"host": ..., "pid": ...}; {} when being written or unreadable.
+Owner = dict[str, object]
+_held: list[str] = []  # the locations of the locks this process holds
+_local_locks: dict[str, filelock.BaseFileLock] = {}  # of those, the local ones' FileLock
+_made_folders: set[str] = set()  # folders a lock made: removed with it while empty
 
 
 @contextlib.contextmanager
 def locks_released() -> Iterator[None]:
-    """Releases, on the way out (an error, Ctrl-C, SIGTERM included), every experiment lock
-    ``lock`` took within it."""
+    """Releases, on the way out (an error, Ctrl-C, SIGTERM included), every lock taken in it."""
     start = len(_held)
     try:
         yield
@@ -54,42 +48,35 @@ def locks_released() -> Iterator[None]:
 
 def lock(storage: str, name: str, where: str = "--name") -> None:
     """Takes experiment ``name``'s lock, or refuses (UsageError, exit 2) naming the run that
-    holds it. Released by ``unlock`` or on leaving ``locks_released``.
-
-    Local and mounted storage: ``filelock.FileLock(...).acquire(timeout=0)``; a lock file
-    that no process holds (its command was killed) is taken over, with a line saying so. An
-    object store has no lock: there the file is created if absent (a check, then a write:
-    two commands started within the same moment are not told apart) and taken over once its
-    pid is no longer alive on this host; a lock from another host is never judged stale."""
+    holds it; a lock its command left (killed) is taken over with a line saying so. On an
+    object store it is a check then a write: two commands within one moment are not told
+    apart, and a lock from another host is never judged stale (its pid is not checkable)."""
     location = files.join(storage, name, LOCK_FILE)
     fs, path = files.resolve(location)
-    local = isinstance(fs, pyarrow.fs.LocalFileSystem)
-    # A folder the lock itself brings into being goes with it: a start refused later (storage
-    # unreachable from a node, say) leaves nothing behind.
+    # A folder the lock brings into being goes with it: a start refused later leaves nothing.
     new_folder = not files.is_uri(location) and not os.path.exists(os.path.dirname(path))
     for _ in range(3):
-        owner = _owner(fs, path)
-        if _live(fs, owner):
-            raise UsageError(_locked_message(storage, name, where, owner or {}))
-        taken = _take_local(name, location, path) if local else _take_remote(name, fs, path, owner)
-        if taken:
+        if (owner := _holder(fs, path)) is not None:
+            break
+        if _take(name, location, fs, path):
             _held.append(location)
             if new_folder:
                 _made_folders.add(os.path.dirname(location))
             return
-    raise UsageError(_locked_message(storage, name, where, _owner(fs, path) or {}))
+    else:
+        owner = _holder(fs, path)
+    raise UsageError(_locked_message(storage, name, where, owner or {}))
 
 
 def check_unlocked(storage: str, name: str, where: str) -> None:
-    """Exit 2 when a live run holds experiment ``name``'s lock (before any other check, so
-    the answer names the run that has it, not what it wrote)."""
+    """Exit 2 when a live run holds experiment ``name``'s lock (checked first, so the answer
+    names the run that has it, not what it wrote)."""
     try:
-        fs, path = files.resolve(files.join(storage, name, LOCK_FILE))
-        owner = _owner(fs, path)
+        owner = _holder(*files.resolve(files.join(storage, name, LOCK_FILE)))
     except (OSError, ValueError):
         return  # unreachable storage: the run's check_writable names it
-    if _live(fs, owner):
-        raise UsageError(_locked_message(storage, name, where, owner or {}))
+    if owner is not None:
+        raise UsageError(_locked_message(storage, name, where, owner))
 
 
 def unlock(location: str) -> None:
@@ -99,72 +86,54 @@ def unlock(location: str) -> None:
     held = _local_locks.pop(location, None)
     with contextlib.suppress(OSError, ValueError):
         fs, path = files.resolve(location)
-        if held is not None or _owner(fs, path) == _me():
+        if held is not None or _holder(fs, path) == _me():
             files.delete_file(fs, path)  # before the release: nobody else has it open yet
     if held is not None:
         held.release()
-    folder = os.path.dirname(location)
-    if folder in _made_folders:
+    if (folder := os.path.dirname(location)) in _made_folders:
         _made_folders.discard(folder)
         with contextlib.suppress(OSError):
             os.rmdir(folder)  # only if empty: a run's files keep it
 
 
-def _live(fs: Any, owner: dict[str, Any] | None) -> bool:
-    """Whether ``owner`` (``_owner``'s answer) still runs: a local lock is held by a live
-    process by definition; an object store's is judged by its pid (``_is_stale``)."""
-    if owner is None:
-        return False
-    return isinstance(fs, pyarrow.fs.LocalFileSystem) or not (owner and _is_stale(owner))
-
-
-def _say_taken_over(name: str, owner: dict[str, Any], location: str) -> None:
-    if owner.get("pid") is not None and owner != _me():
-        print(
-            f"{name}: taking over the lock of pid {owner['pid']}, which is no longer running "
-            f"({location})"
-        )
-
-
-def _take_local(name: str, location: str, path: str) -> bool:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    held = filelock.FileLock(path)
-    try:
-        held.acquire(timeout=0)
-    except filelock.Timeout:
-        return False  # taken in between: its owner is named at the next look
-    # Its holder removed it as we took it: look again. (filelock opens the path with its
-    # folder resolved, as realpath does, which differs for /proc/PID/root/... paths.)
-    if not os.path.exists(os.path.realpath(path)):
-        held.release()
-        return False
-    with contextlib.suppress(OSError):  # a file left by a command that was killed
-        _say_taken_over(
-            name, _decoded(files.read_bytes(pyarrow.fs.LocalFileSystem(), path)), location
-        )
-    with open(path, "w") as f:  # ours now: the owner a refusal names
-        json.dump(_me(), f)
-    _local_locks[location] = held
-    return True
-
-
-def _take_remote(name: str, fs: Any, path: str, stale: dict[str, Any] | None) -> bool:
-    """Creates the lock file if absent. pyarrow's object stores offer no conditional put:
-    a check, then a write, so two callers within the same moment can both get True."""
-    if stale:
-        _say_taken_over(name, stale, files.display_path(fs, path))
-        files.delete_file(fs, path)
-    elif files.exists(fs, path):
-        return False
-    files.write_bytes(fs, path, json.dumps(_me()).encode())
-    return True
-
-
-def _owner(fs: Any, path: str) -> dict[str, Any] | None:
-    """Who holds the lock at ``path``: None when nobody does, ``{"host": ..., "pid": ...}``
-    (``_is_stale`` judges it on an object store), or ``{}`` for a lock being written or
-    unreadable (judged live: its owner may be writing it right now)."""
+def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str) -> bool:
+    """Makes this process the lock's owner, or False when another took it in between (its
+    owner is named at the next look). What a command that ended left is taken over."""
+    held = None
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        held = filelock.FileLock(path)
+        try:
+            held.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        # Its holder removed it as we took it: look again. (filelock opens the path with its
+        # folder resolved, as realpath does, which differs for /proc/PID/root/... paths.)
+        if not os.path.exists(os.path.realpath(path)):
+            held.release()
+            return False
+    elif _holder(fs, path) is not None:  # an object store has no conditional put
+        return False
+    with contextlib.suppress(OSError):  # a file left by a command that ended
+        left = _decoded(files.read_bytes(fs, path))
+        if left.get("pid") is not None and left != _me():
+            shown = location if held is not None else files.display_path(fs, path)
+            print(
+                f"{name}: taking over the lock of pid {left['pid']}, which is no longer "
+                f"running ({shown})"
+            )
+    files.write_bytes(fs, path, json.dumps(_me()).encode())  # the owner a refusal names
+    if held is not None:
+        _local_locks[location] = held
+    return True
+
+
+def _holder(fs: pyarrow.fs.FileSystem, path: str) -> Owner | None:
+    """The live run that holds the lock at ``path`` (``{}``: its file is being written or
+    unreadable), or None: no file, a local file no process holds, or on an object store a
+    pid that no longer runs on this host (``_is_stale``)."""
+    local = isinstance(fs, pyarrow.fs.LocalFileSystem)
+    if local:
         if not os.path.exists(path):
             return None
         probe = filelock.FileLock(path)
@@ -176,27 +145,27 @@ def _owner(fs: Any, path: str) -> dict[str, Any] | None:
             probe.release()
             return None
     try:
-        data = files.read_bytes(fs, path)
+        owner = _decoded(files.read_bytes(fs, path))
     except OSError:
         if not files.exists(fs, path):  # object stores' "no such key" is not always typed
             return None
         raise
-    return _decoded(data)
+    return None if not local and owner and _is_stale(owner) else owner
 
 
-def _decoded(data: bytes) -> dict[str, Any]:
-    try:
-        owner = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return {}
-    return owner if isinstance(owner, dict) else {}
+def _decoded(data: bytes) -> Owner:
+    with contextlib.suppress(UnicodeDecodeError, ValueError):
+        if isinstance(owner := json.loads(data.decode("utf-8")), dict):
+            return owner
+    return {}
 
 
-def _me() -> dict[str, Any]:
+def _me() -> Owner:
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _is_stale(owner: dict[str, Any]) -> bool:
+def _is_stale(owner: Owner) -> bool:
+    """Whether the lock's pid no longer runs on this host (another host's: never known)."""
     pid = owner.get("pid")
     if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return False
@@ -205,12 +174,11 @@ def _is_stale(owner: dict[str, Any]) -> bool:
     except ProcessLookupError:
         return True
     except OSError:
-        return False  # alive, another user's
+        pass  # alive, another user's
     return False
 
 
-def _locked_message(storage: str, name: str, where: str, owner: dict[str, Any]) -> str:
-    location = files.join(storage, name, LOCK_FILE)
+def _locked_message(storage: str, name: str, where: str, owner: Owner) -> str:
     who = (
         f"pid {owner['pid']} on {owner['host']}"
         if {"pid", "host"} <= owner.keys()
@@ -219,5 +187,5 @@ def _locked_message(storage: str, name: str, where: str, owner: dict[str, Any]) 
     return (
         f"{where}: experiment {name!r} at {files.join(storage, name)} is in use by {who}; "
         f"wait for it to end, or stop it (SIGINT or SIGTERM; --resume continues it later). If "
-        f"that run is gone, delete {location}"
+        f"that run is gone, delete {files.join(storage, name, LOCK_FILE)}"
     )

@@ -18,6 +18,7 @@ import socket
 import threading
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -34,11 +35,8 @@ _HTTP2_SETTINGS = 4
 
 
 def ray_address(args: argparse.Namespace) -> tuple[str | None, str]:
-    """The cluster to join and where it was given; ``(None, ...)`` for a Ray of our own.
-
-    RAY_ADDRESS counts as --address, as in every Ray tool: ``ray job submit`` sets it for the
-    job it starts, which must run on that cluster, not on a Ray of its own.
-    """
+    """The cluster to join and where it was given; ``(None, "")`` for a Ray of our own.
+    RAY_ADDRESS counts as --address, as in every Ray tool (``ray job submit`` sets it)."""
     if args.address is not None:
         if not args.address.strip():
             raise UsageError(
@@ -46,16 +44,14 @@ def ray_address(args: argparse.Namespace) -> tuple[str | None, str]:
                 "or drop --address for a local Ray"
             )
         return args.address.strip(), "--address"
-    env = os.environ.get("RAY_ADDRESS", "").strip()
-    if env:
+    if env := os.environ.get("RAY_ADDRESS", "").strip():
         return env, "RAY_ADDRESS"
     return None, ""
 
 
 def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIMEOUT_S) -> None:
-    """Checks that something listens at a Ray address before ``ray.init`` tries it (Ray
-    retries an address nobody answers at for a minute or more): UsageError naming ``where``
-    and the fix when the address is malformed, unknown or refuses connections.
+    """UsageError naming ``where`` and the fix when nothing Ray-like answers at ``address``
+    (malformed, unknown, refused, silent, not gRPC), before ``ray.init`` waits on it.
 
     Example:
         >>> probe_address("127.0.0.1:1", "--address")  # doctest: +SKIP
@@ -88,14 +84,14 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
             conn.sendall(_HTTP2_HELLO)
-            answer = _read(conn, 9)
+            with conn.makefile("rb") as reader:
+                answer = reader.read(9)  # 9 bytes unless the server closes first
     except OSError as e:
         raise UsageError(
             f"{where}: nothing answers at {host}:{port} ({root_error(e)}); {fix}"
         ) from None
-    # Ray's GCS and its client server speak gRPC: a server that does not answer HTTP/2's
-    # connection preface with a SETTINGS frame is something else, which ray.init would wait
-    # on for minutes.
+    # Ray's GCS and client server speak gRPC: a server that answers HTTP/2's preface with no
+    # SETTINGS frame is something else, which ray.init would wait on for minutes.
     if len(answer) < 9 or answer[3] != _HTTP2_SETTINGS:
         raise UsageError(
             f"{where}: {host}:{port} answers but is not a Ray cluster (no gRPC there); pass "
@@ -104,42 +100,26 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
         )
 
 
-def _read(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
 def _host_port(address: str) -> tuple[str | None, int | None]:
-    text = address if "://" in address else f"ray://{address}"
     try:
-        u = urllib.parse.urlsplit(text)
+        u = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
         port = u.port
     except ValueError:
         return None, None
-    if u.scheme != "ray" or not u.hostname or port is None or not port:
+    if u.scheme != "ray" or not u.hostname or not port or u.path not in ("", "/"):
         return None, None
-    if u.path not in ("", "/") or u.query or u.fragment:
-        return None, None
-    return u.hostname, port
+    return (None, None) if u.query or u.fragment else (u.hostname, port)
 
 
-# What ray/_private/node.py raises once a new node's raylet has not registered with the GCS
-# within its fixed 30 s.
+# What ray/_private/node.py raises once a new raylet has not registered within its fixed 30 s.
 RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 def start_ray(address: str | None, where: str) -> str | None:
-    """``ray.init``, its failures as UsageError; the session folder of the Ray joined (None
-    through Ray Client).
-    Without an address: a fresh local Ray, never a cluster some earlier ``ray start`` left
-    recorded in Ray's temp folder. The SIGTERM handler found before is kept: ``ray.init``
-    puts one of its own there (``sys.exit(15)``: exit 15, no line, no saved state), and a
-    SIGTERM during ``ray.init`` is ``Interrupted``."""
+    """``ray.init`` (without an address: a fresh local Ray, never one an earlier ``ray start``
+    recorded), its failures as UsageError; the session folder of the Ray joined (None through
+    Ray Client). The SIGTERM handler found before is kept (``ray.init`` puts its own
+    ``sys.exit(15)`` there), and a SIGTERM during ``ray.init`` is ``Interrupted``."""
     import ray
 
     main_thread = threading.current_thread() is threading.main_thread()
@@ -176,22 +156,20 @@ def start_ray(address: str | None, where: str) -> str | None:
     return info.get("session_dir")
 
 
-# -- The local Ray dying under the command -------------------------------------------------
-# How often the command checks the processes of the local Ray it started, and how long Tune
-# then gets to save the experiment state and stop before a command stuck in a call to the
-# dead Ray (a GCS gone: Ray's calls wait for it) is ended anyway.
+# How often the command checks the local Ray it started, and how long Tune then gets to save
+# the experiment state before a command stuck in a call to the dead Ray is ended anyway.
 WATCH_PERIOD_S = 1.0
 RAY_DEATH_GRACE_S = 40.0
 RAY_PROCESSES = ("raylet", "gcs_server")  # the names of Ray's executables
 
 
+@dataclass(eq=False)  # one watchdog is one thread: compared by identity
 class LocalRayWatchdog:
     """For the command's own process only (``rllib_amp.cli.may_end_process``): watches, in a
-    daemon thread, the raylet and the GCS server of the local Ray this process started (its
-    child processes). Once one is gone it calls ``on_death(what)`` (``what``: "its raylet (pid
-    123) was killed by SIGKILL"); if the command has not released it ``grace_s`` later (stuck
-    in a call to the dead Ray), it calls ``on_stuck(what)``, ends what is left of that Ray,
-    and ends the process with status 1. Once ``release`` returned, nothing of that runs.
+    daemon thread, the raylet and GCS server of the local Ray this process started (its
+    children). Once one is gone it calls ``on_death(what)`` ("its raylet (pid 123) was killed
+    by SIGKILL"); if not released ``grace_s`` later (stuck in a call to the dead Ray), it calls
+    ``on_stuck(what)``, ends what is left of that Ray and exits 1. After ``release``: nothing.
 
     Example:
         >>> watchdog = LocalRayWatchdog(on_death=print, on_stuck=print)  # doctest: +SKIP
@@ -199,48 +177,34 @@ class LocalRayWatchdog:
         >>> watchdog.stop_checking(); ray.shutdown(); watchdog.release()  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        on_death: Callable[[str], None],
-        on_stuck: Callable[[str], None],
-        period_s: float = WATCH_PERIOD_S,
-        grace_s: float = RAY_DEATH_GRACE_S,
-    ) -> None:
-        self.on_death = on_death
-        self.on_stuck = on_stuck
-        self.period_s = period_s
-        self.grace_s = grace_s
-        self._checking = threading.Event()
-        self._released = threading.Event()
-        self._calling = threading.Lock()  # held while a callback runs: release waits for it
+    on_death: Callable[[str], None]
+    on_stuck: Callable[[str], None]
+    period_s: float = WATCH_PERIOD_S
+    grace_s: float = RAY_DEATH_GRACE_S
+    _checking: threading.Event = field(default_factory=threading.Event, init=False)
+    _released: threading.Event = field(default_factory=threading.Event, init=False)
+    # Held while a callback runs: release waits for it.
+    _calling: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def start(self, session_dir: str) -> None:
-        """Starts watching the Ray processes among this process's children.
-
-        Args:
-            session_dir: that Ray's session folder (``ray.init().address_info``): the
-                processes naming it are ended with a stuck command.
-        """
+        """Watches the Ray processes among this process's children; those naming
+        ``session_dir`` (``start_ray``'s answer) are ended with a stuck command."""
         import psutil  # Ray's own copy (ray/thirdparty_files), importable once ray is
 
         watched = {p: p.name() for p in psutil.Process().children() if p.name() in RAY_PROCESSES}
         if not watched:  # not a Ray this process started
             return
         self._checking.set()
-        threading.Thread(
-            target=self._run,
-            args=(watched, session_dir),
-            name="rllib_amp-ray-watchdog",
-            daemon=True,
-        ).start()
+        thread = threading.Thread(target=self._run, args=(watched, session_dir), daemon=True)
+        thread.name = "rllib_amp-ray-watchdog"
+        thread.start()
 
     def stop_checking(self) -> None:
         """No check from now on (before ``ray.shutdown``, which ends the watched processes)."""
         self._checking.clear()
 
     def release(self) -> None:
-        """The command is past its calls to Ray: no callback and no exit from now on (one
-        already running finishes first)."""
+        """Past the calls to Ray: no callback and no exit from now on (a running one ends)."""
         self._checking.clear()
         with self._calling:
             self._released.set()
@@ -270,12 +234,8 @@ class LocalRayWatchdog:
 
 def end_local_ray(session_dir: str) -> None:
     """Kills what is left of the local Ray this process started, for a command that exits
-    without ``ray.shutdown``: this process's descendants, and the processes naming its session
-    folder (workers and agents whose raylet is gone outlive it otherwise).
-
-    Args:
-        session_dir: that Ray's session folder (``ray.init().address_info["session_dir"]``).
-    """
+    without ``ray.shutdown``: its descendants, and the processes naming ``session_dir``
+    (workers and agents whose raylet is gone outlive it otherwise)."""
     import psutil
 
     me = psutil.Process()
@@ -297,9 +257,8 @@ def _how_it_ended(status: int | None) -> str:
     """
     if status is None:  # reaped by someone else: no status to tell
         return "exited"
-    if status < 0:
-        try:
-            return f"was killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"was killed by signal {-status}"
-    return f"exited with {status}"
+    if status >= 0:
+        return f"exited with {status}"
+    with contextlib.suppress(ValueError):
+        return f"was killed by {signal.Signals(-status).name}"
+    return f"was killed by signal {-status}"

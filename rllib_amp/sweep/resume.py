@@ -1,13 +1,8 @@
-"""Experiment names, reruns and the resume rules.
-
-A run without ``--name`` gets the file's name and its start time
-(``cartpole_ppo_amp_2026-12-01_16-20-03``), so running the same command again starts a new
-run beside the old one. ``--resume`` without ``--name`` continues the newest run of that file
-in the storage. An explicit ``--name`` that already exists is refused: a new Tune experiment
-in that folder would replace results.parquet and orphan the old trials' checkpoints. A run
-that finished (every trial TERMINATED in Tune's experiment state, results.parquet written) is
-not to be continued: a rerun of its ``--name`` is refused naming its results, and its
-``--resume`` says where they are and ends with exit 0 (``Finished``).
+"""Experiment names, reruns and the resume rules: a run without ``--name`` gets the file's
+name and its start time, so the same command again starts a new run beside the old one, and
+``--resume`` without ``--name`` continues the newest. An explicit ``--name`` in use is refused
+(a new Tune experiment there would orphan the old trials' checkpoints); a finished run is
+not continued (``finished``).
 
 Example:
     >>> import datetime
@@ -23,11 +18,13 @@ import argparse
 import contextlib
 import datetime
 import json
+import logging
 import os
 import posixpath
 import re
 import shlex
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
@@ -36,23 +33,23 @@ from rllib_amp.checks import dotted
 from rllib_amp.cli import UsageError, root_error
 from rllib_amp.sweep.lock import LOCK_FILE, check_unlocked, lock, unlock
 
+if TYPE_CHECKING:
+    from rllib_amp.experiment import Experiment
+
 # The resolved experiment of the first start, beside results.parquet: --resume compares to it.
 EXPERIMENT_FILE = "experiment.yaml"
 # Keys of the resolved experiment that may change between a run and its --resume.
 UNCOMPARED_KEYS = ("storage_path",)
-# Sorts as text in time order, and is a valid folder name everywhere (no ':').
-STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
+STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"  # sorts in time order; no ':', so a folder name anywhere
 _STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
 _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
-# Tries at a fresh name before giving up: each failed try means another run took that name.
-_MAX_NAME_TRIES = 1000
-# Beside the experiment's trials once its summary is written (written by sweep.main).
-RESULTS_FILE = "results.parquet"
+_MAX_NAME_TRIES = 1000  # each failed try is a name another run took
+RESULTS_FILE = "results.parquet"  # beside the trials once sweep.main wrote the summary
 
 
 def check_name(name: str, where: str = "--name") -> None:
-    """An experiment name is one folder name under the storage path, never a path: UsageError
-    for ``''``, ``.``, ``..``, ``a/b``, ``../../x`` or characters a URI would misread.
+    """UsageError unless ``name`` is one folder name (never ``..``, ``a/b`` or characters a
+    URI would misread).
 
     Example:
         >>> check_name("cartpole-amp_2")
@@ -69,16 +66,14 @@ def check_name(name: str, where: str = "--name") -> None:
 
 
 def timestamped(base: str, when: datetime.datetime | None = None, n: int = 1) -> str:
-    """``base_<when>`` (default: now); the ``n``-th run that starts within the same second
-    gets ``_n``. Looks at no storage: ``new_run_name`` makes sure no run has the name."""
+    """``base_<when>`` (default: now), ``_n`` for the ``n``-th start within that second."""
     when = when or datetime.datetime.now()
     name = f"{base}_{when.strftime(STAMP_FORMAT)}"
     return name if n == 1 else f"{name}_{n}"
 
 
 def runs_of(base: str, storage: str) -> list[str]:
-    """The names of the runs of file ``base`` in ``storage``, oldest first: the timestamped
-    ones, after a plain ``base`` (the name every run had before names carried a time)."""
+    """The runs of file ``base`` in ``storage``, oldest first (a plain ``base`` before all)."""
     pattern = re.compile(rf"{re.escape(base)}(?:_({_STAMP})(?:_(\d+))?)?")
     fs, path = files.resolve(storage)
     try:
@@ -95,27 +90,15 @@ def runs_of(base: str, storage: str) -> list[str]:
 
 
 def newest_run(base: str, storage: str) -> str | None:
-    """The newest run of file ``base`` in ``storage`` that holds anything, or None.
-
-    Example:
-        >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     for run in ("tiny_2026-12-01_16-20-03", "tiny_2026-12-01_16-20-03_2"):
-        ...         os.makedirs(os.path.join(d, run, "trial"))
-        ...     newest_run("tiny", d)
-        'tiny_2026-12-01_16-20-03_2'
-    """
-    for name in reversed(runs_of(base, storage)):
-        if taken(files.join(storage, name)):
-            return name
-    return None
+    """The newest run of file ``base`` in ``storage`` that holds anything, or None."""
+    held = (n for n in reversed(runs_of(base, storage)) if taken(files.join(storage, n)))
+    return next(held, None)
 
 
 def new_run_name(base: str, storage: str) -> str:
-    """A name no run in ``storage`` has: ``base`` and the time now, ``_2``, ``_3``... for
-    further starts within the same second. On a local path the run's folder is created here,
-    atomically, so two commands started at once never share a folder (an object store has no
-    folders to create: there, the check is all there is)."""
+    """A name no run in ``storage`` has (``timestamped``), locked. On a local path its folder
+    is made here, atomically, so two commands started at once never share one (an object store
+    has no folders: there the check is all there is)."""
     now = datetime.datetime.now()
     for n in range(1, _MAX_NAME_TRIES + 1):
         name = timestamped(base, now, n)
@@ -142,40 +125,35 @@ def new_run_name(base: str, storage: str) -> str:
 
 
 def release(storage: str, name: str) -> None:
-    """Removes the folder ``new_run_name`` made if the run left nothing in it (it failed
-    before Tune wrote), so an empty folder is never taken for a run."""
+    """Unlocks a new run and removes its folder if it left nothing in it (failed before Tune
+    wrote), so an empty folder is never taken for a run."""
     unlock(files.join(storage, name, LOCK_FILE))
-    if files.is_uri(storage):
-        return
-    # It holds the run's files, or is gone: either way it stays as it is.
-    with contextlib.suppress(OSError):
-        os.rmdir(files.join(storage, name))
+    if not files.is_uri(storage):
+        with contextlib.suppress(OSError):  # it holds the run's files, or is gone
+            os.rmdir(files.join(storage, name))
 
 
 class Finished(Exception):
-    """A ``--resume`` of a run that finished: nothing to continue. Its message is the one line
-    to print (it names the run and its results.parquet); the command then ends with exit 0."""
+    """A ``--resume`` of a run that finished: the one line to print; then exit 0."""
 
 
 def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> str | None:
-    """The experiment name of this start, or None for a new run of file ``base`` (see
-    ``new_run_name``). Exit 2 for a name that is not a folder name, a ``--resume`` with
-    nothing to resume, or an explicit ``--name`` already used. ``Finished`` for a
-    ``--resume`` of a run that finished."""
+    """The experiment name of this start, or None for a new run of file ``base``
+    (``new_run_name``). Exit 2 for a bad name, a ``--resume`` with nothing to resume or an
+    explicit ``--name`` in use; ``Finished`` for a ``--resume`` of a finished run."""
     if name is not None:
         check_name(name)
+        if not resume:
+            refuse_taken(storage, name)
+            return name
+        check_unlocked(storage, name, "--resume")
         exp_dir = files.join(storage, name)
-        if resume:
-            check_unlocked(storage, name, "--resume")
-        if resume and not can_restore(exp_dir):
+        if not can_restore(exp_dir):
             raise UsageError(
                 f"--resume: no experiment at {exp_dir}; pass the --name and --storage-path of "
                 f"the interrupted run"
             )
-        if resume:
-            _refuse_finished(name, exp_dir)
-        if not resume:
-            refuse_taken(storage, name)
+        _refuse_finished(name, exp_dir)
         return name
     check_name(base, "the config file's name")
     if not resume:
@@ -194,12 +172,10 @@ def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> s
 
 
 def _refuse_finished(name: str, exp_dir: str) -> None:
-    done = finished(exp_dir)
-    if done is not None:
-        trials, results = done
+    if (done := finished(exp_dir)) is not None:
         raise Finished(
-            f"--resume: experiment {name!r} at {exp_dir} has finished ({_all(trials)}); "
-            f"nothing to continue. Its results: {results}"
+            f"--resume: experiment {name!r} at {exp_dir} has finished ({_all(done[0])}); "
+            f"nothing to continue. Its results: {done[1]}"
         )
 
 
@@ -210,36 +186,27 @@ def _all(trials: int) -> str:
 def finished(exp_dir: str) -> tuple[int, str] | None:
     """``(trials, results.parquet's location)`` when the run at ``exp_dir`` finished: every
     trial TERMINATED in Tune's newest ``experiment_state-*.json`` and its results.parquet
-    written. Else None: no run, trials to continue (pending, running, paused, errored), a
-    run stopped before its summary (``--resume`` writes it), or storage that cannot be read.
+    written; else None (trials to continue, no summary yet, storage that cannot be read).
     Reads JSON only: no Ray, no RLlib.
 
     Example:
         >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as d:
-        ...     trial = json.dumps({"status": "TERMINATED"})
-        ...     with open(os.path.join(d, "experiment_state-2026.json"), "w") as f:
-        ...         _ = f.write(json.dumps({"trial_data": [[trial, "{}"]]}))
-        ...     before = finished(d)
-        ...     open(os.path.join(d, RESULTS_FILE), "wb").close()
-        ...     before, finished(d)[0]
-        (None, 1)
+        >>> finished(tempfile.mkdtemp()) is None  # no experiment state
+        True
     """
     try:
         fs, path = files.resolve(exp_dir)
-        state_file = files.experiment_state_file(fs, path)
-        if state_file is None:
+        if (state_file := files.experiment_state_file(fs, path)) is None:
             return None
         state = json.loads(files.read_bytes(fs, state_file))
         statuses = [json.loads(entry[0]).get("status") for entry in state["trial_data"]]
-        results = files.join(exp_dir, RESULTS_FILE)
         if not statuses or any(s != "TERMINATED" for s in statuses):
             return None
         if not files.exists(fs, posixpath.join(path, RESULTS_FILE)):
             return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
-    return len(statuses), results
+    return len(statuses), files.join(exp_dir, RESULTS_FILE)
 
 
 def refuse_taken(storage: str, name: str) -> None:
@@ -247,12 +214,10 @@ def refuse_taken(storage: str, name: str) -> None:
     ``storage``: Tune would start a new one in its folder and orphan the old trials."""
     check_unlocked(storage, name, "--name")
     exp_dir = files.join(storage, name)
-    done = finished(exp_dir)
-    if done is not None:
-        trials, results = done
+    if (done := finished(exp_dir)) is not None:
         raise UsageError(
-            f"--name: experiment {name!r} at {exp_dir} has already finished ({_all(trials)}); "
-            f"its results are in {results}. Start a new run with another --name (or none: the "
+            f"--name: experiment {name!r} at {exp_dir} has already finished ({_all(done[0])}); "
+            f"its results are in {done[1]}. Start a new run with another --name (or none: the "
             f"default name carries the start time)"
         )
     if taken(exp_dir):
@@ -263,27 +228,27 @@ def refuse_taken(storage: str, name: str) -> None:
         )
 
 
-def run_spec(exp: Any, num_samples: int | None) -> dict[str, Any]:
+def run_spec(exp: Experiment, num_samples: int | None) -> dict[str, object]:
     """What a run is: the resolved experiment, with --num-samples in it."""
     spec = exp.resolved()
     if num_samples is not None:
-        spec["tune"] = {**spec["tune"], "num_samples": num_samples}
+        spec["tune"] = {**exp.tune, "num_samples": num_samples}
     for key in UNCOMPARED_KEYS:
         spec.pop(key, None)
     return spec
 
 
-def dump(spec: dict[str, Any]) -> bytes:
+def dump(spec: Mapping[str, object]) -> bytes:
     import yaml
 
-    return yaml.safe_dump(spec, sort_keys=False).encode()
+    return yaml.safe_dump(dict(spec), sort_keys=False).encode()
 
 
-def changed_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def changed_keys(stored: Mapping[str, object], current: Mapping[str, object]) -> list[str]:
     """``key: old -> new`` for each dotted key whose value differs."""
     old, new = dotted(stored), dotted(current)
 
-    def show(d: dict[str, Any], k: str) -> str:
+    def show(d: Mapping[str, object], k: str) -> str:
         return repr(d[k]) if k in d else "(not set)"
 
     return [
@@ -293,7 +258,7 @@ def changed_keys(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     ]
 
 
-def check_unchanged(exp_dir: str, spec: dict[str, Any], accept: bool) -> None:
+def check_unchanged(exp_dir: str, spec: Mapping[str, object], accept: bool) -> None:
     """Exit 2 when the experiment differs from the one stored at the first start, unless
     ``accept`` (--accept-changes), which prints what differs and goes on."""
     import yaml
@@ -321,7 +286,7 @@ def check_unchanged(exp_dir: str, spec: dict[str, Any], accept: bool) -> None:
         print(f"--accept-changes: resuming despite {'; '.join(diff)}")
 
 
-def resume_command(args: argparse.Namespace, exp: Any, name: str, storage: str) -> str:
+def resume_command(args: argparse.Namespace, exp: Experiment, name: str, storage: str) -> str:
     """The command that continues this run: the same file, --set values and sample count."""
     words = ["python", "-m", "rllib_amp.tune", "--config", exp.path, "--name", name]
     words += ["--storage-path", storage]
@@ -331,20 +296,18 @@ def resume_command(args: argparse.Namespace, exp: Any, name: str, storage: str) 
         words += ["--num-samples", str(args.num_samples)]
     if args.address is not None:
         words += ["--address", args.address]
-    return " ".join(shlex.quote(w) for w in [*words, "--resume"])
+    return shlex.join([*words, "--resume"])
 
 
 def taken(exp_dir: str) -> bool:
-    """Whether an experiment (anything) is at ``exp_dir``. Storage that cannot be reached is
-    not judged here: --dry-run touches no storage, and a real run's check_writable names it."""
+    """Whether anything but a lone lock (a run that ended before it wrote) is at ``exp_dir``.
+    Storage that cannot be reached is not judged here: a real run's check_writable names it."""
     try:
         fs, path = files.resolve(exp_dir)
         if files.is_file(fs, path):
             return True
-        selector = pyarrow.fs.FileSelector(path, allow_not_found=True, recursive=False)
-        # A lone lock is a run that ended before writing anything (its stale lock is taken
-        # over): nothing to resume or to lose.
-        return any(i.base_name != LOCK_FILE for i in fs.get_file_info(selector))
+        entries = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+        return any(i.base_name != LOCK_FILE for i in entries)
     except (OSError, ValueError):
         return False
 
@@ -359,11 +322,9 @@ def can_restore(exp_dir: str) -> bool:
 
 
 @contextlib.contextmanager
-def warnings_on_stderr(logger_name: str) -> Any:
+def warnings_on_stderr(logger_name: str) -> Iterator[None]:
     """Within it, the WARNINGs of logger ``logger_name`` are shown as "WARNING ..." on stderr
     whatever logging this process has set up (none: the CLI is the program), and only once."""
-    import logging
-
     logger = logging.getLogger(logger_name)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
@@ -378,9 +339,8 @@ def warnings_on_stderr(logger_name: str) -> Any:
 
 def fall_back_to_intact_checkpoints(exp_dir: str, restart_damaged: bool = False) -> None:
     """Before Tuner.restore: trials whose latest checkpoint is damaged resume from their newest
-    intact one (checkpoint_fallback logs a WARNING naming both). Exit 2 for a trial to resume
-    with no intact checkpoint left, unless ``restart_damaged`` (--restart-damaged): then it
-    runs again from its first iteration."""
+    intact one (a WARNING names both). Exit 2 for a trial with no intact checkpoint left,
+    unless ``restart_damaged`` (--restart-damaged): it runs again from its first iteration."""
     from rllib_amp.checkpoints import fallback as checkpoint_fallback
 
     try:
