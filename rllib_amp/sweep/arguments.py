@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rllib_amp import fs as files
@@ -22,6 +23,11 @@ PROG = "python -m rllib_amp.tune"
 DEFAULT_CONFIG = "tune_configs/cartpole_ppo_amp.yaml"
 # A sweep larger than this is more likely a typo (num_samples: 10000 x a grid) than a plan.
 DEFAULT_MAX_TRIALS = 1000
+
+
+def say(line: str) -> None:
+    """One line of the command's own on stderr, after its name."""
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import time
+from pathlib import Path
 
 from rllib_amp.cli import root_error
 from rllib_amp.log_events import event
@@ -41,10 +42,13 @@ def grafana_dashboard_dir(session_dir: str | None = None) -> str | None:
     if session_dir is None:
         import ray
 
-        node = ray._private.worker.global_worker.node if ray.is_initialized() else None
-        if node is None:
+        if not ray.is_initialized():
             return None
-        session_dir = node.get_session_dir_path()
+        context = ray.get_runtime_context()
+        try:
+            session_dir = os.path.join(context.get_temp_dir(), context.get_session_name())
+        except AttributeError:  # through Ray Client: the session folder is not on this node
+            return None
     root = os.environ.get(METRICS_ROOT_ENV) or os.path.join(session_dir, "metrics")
     if not os.path.isdir(root):  # only the head's dashboard makes it
         return None
@@ -90,13 +94,9 @@ def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> s
 
 def _file_in_the_way(folder: str) -> str | None:
     """The nearest existing path at or above ``folder`` when it is no folder, else None."""
-    path = os.path.abspath(folder)
-    while not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        path = parent
-    return None if os.path.isdir(path) else path
+    path = Path(os.path.abspath(folder))
+    existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), path)
+    return None if existing.is_dir() else str(existing)
 
 
 def _not_installed(folder: str, why: str) -> None:

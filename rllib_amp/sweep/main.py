@@ -23,11 +23,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rllib_amp import fs as files
 from rllib_amp.cli import (
@@ -36,16 +37,21 @@ from rllib_amp.cli import (
     main_wrapper,
     may_end_process,
     root_error,
-    run_as_command,
     signal_exit_status,
 )
 from rllib_amp.sweep import lock as experiment_lock
 from rllib_amp.sweep import resume as sweep_resume
 from rllib_amp.sweep import storage as sweep_storage
 from rllib_amp.sweep import transcript
-from rllib_amp.sweep.arguments import PROG, build_parser, check_flags, find_config
+from rllib_amp.sweep.arguments import PROG, build_parser, check_flags, find_config, say
 from rllib_amp.sweep.ray_address import LocalRayWatchdog, probe_address, ray_address, start_ray
-from rllib_amp.sweep.resources import ResourceError
+from rllib_amp.sweep.resources import ResourceError, RllibNotices
+
+if TYPE_CHECKING:
+    from ray.tune import ResultGrid, Tuner
+
+    from rllib_amp.experiment import Experiment
+    from rllib_amp.sweep.tuner import StopOnSignals
 
 RESULTS_FILE = sweep_resume.RESULTS_FILE  # written here, read by resume (a finished run)
 
@@ -58,33 +64,30 @@ def run(argv: Sequence[str] | None = None) -> int:
     exp = experiment.load(find_config(args.config), overrides=args.overrides)
     for note in exp.notes:  # a --set on a searched key replaces that search entry
         print(note)
-    trials = _count_trials(exp, args.num_samples)
+    grid_size = math.prod(sampler.grid_size() for sampler in exp.search.values())
+    trials = (args.num_samples or exp.tune["num_samples"]) * grid_size
     if trials > args.max_trials:
         raise UsageError(
             f"--max-trials: this sweep makes {trials:,} trials (search grid x num_samples), "
             f"more than the cap of {args.max_trials:,}; lower tune.num_samples or the grid, "
             f"or pass --max-trials {trials} to run them all"
         )
-    from rllib_amp.sweep.resources import RllibNotices
-
     with RllibNotices() as notices:  # shown once the trials start: a refusal stays one line
         return _checked_run(args, exp, trials, notices)
 
 
-def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) -> int:
+def _checked_run(
+    args: argparse.Namespace, exp: Experiment, trials: int, notices: RllibNotices
+) -> int:
     from rllib_amp import experiment
 
-    checked = experiment.preflight(
-        exp
-    )  # what --dry-run proves, and what a real run checks before Ray
+    checked = experiment.preflight(exp)  # what --dry-run proves, and a real run before Ray
     storage = sweep_storage.resolve(args.storage_path, exp.get("storage_path"))
     if args.resume:  # Tune's own reads would wait minutes on a dead endpoint, then say "none"
         sweep_storage.check_reachable(storage)
     try:
         name = sweep_resume.choose_name(exp.name, storage, name=args.name, resume=args.resume)
-    except (
-        sweep_resume.Finished
-    ) as done:  # --resume of a finished run: where its results are, exit 0
+    except sweep_resume.Finished as done:  # --resume of a finished run: where its results are
         print(done)
         return 0
     spec = sweep_resume.run_spec(exp, args.num_samples)
@@ -106,62 +109,52 @@ def _checked_run(args: argparse.Namespace, exp: Any, trials: int, notices: Any) 
         try:
             if name is not None:  # a new run's name is locked as it is taken
                 experiment_lock.lock(storage, name, "--resume" if args.resume else "--name")
-            if args.resume and name is not None:  # choose_name gives a name to resume
-                # Before Ray starts: a trial with no intact checkpoint left is exit 2 at once.
-                sweep_resume.fall_back_to_intact_checkpoints(
-                    files.join(storage, name), args.restart_damaged
-                )
-                stop.resume_command = sweep_resume.resume_command(args, exp, name, storage)
+                if args.resume:  # before Ray: a trial with no intact checkpoint is exit 2
+                    exp_dir = files.join(storage, name)
+                    sweep_resume.fall_back_to_intact_checkpoints(exp_dir, args.restart_damaged)
+                    stop.resume_command = sweep_resume.resume_command(args, exp, name, storage)
             exp, name, grid, stopped = _tune(
                 exp, args, storage, name, spec, address, where, notices, stop
             )
         except KeyboardInterrupt as e:  # a signal, or Ray's death, before Tune's loop
             return _stopped_before_trials(stop, e)
         except sweep_storage.StorageFailed as e:  # said once, as the summary would: no grid to show
-            _say(f"{e}; fix it, then continue with: {stop.resume_command}")
+            say(f"{e}; fix it, then continue with: {stop.resume_command}")
             return 1
         with transcript.also_into(files.join(storage, name, transcript.FILE)):
             return _report(exp, args, grid, storage, name, stopped, stop)
 
 
-def _stopped_before_trials(stop: Any, e: KeyboardInterrupt) -> int:
+def _stopped_before_trials(stop: StopOnSignals, e: KeyboardInterrupt) -> int:
     """One line on stderr, the exit status: 1 Ray died, else 128 + the signal."""
     if stop.ray_dead:
-        _say(_ray_died_line(stop))
+        say(_ray_died_line(stop))
         return 1
     line, status = interrupted_line(PROG, e)
-    then = (
-        f"continue with: {stop.resume_command}"
-        if stop.resume_command
-        else "nothing was written; run the same command to start it again"
-    )
-    print(f"{line} before the trials started; {then}", file=sys.stderr, flush=True)
+    print(f"{line} before the trials started; {_then(stop)}", file=sys.stderr, flush=True)
     return status
 
 
-def _ray_died_line(stop: Any) -> str:
-    then = (
-        f"continue with: {stop.resume_command}"
-        if stop.resume_command
-        else "nothing was written; run the same command to start it again"
-    )
-    return f"Ray died under the sweep ({stop.ray_dead}); its trials stopped with it; {then}"
+def _then(stop: StopOnSignals) -> str:
+    if stop.resume_command:
+        return f"continue with: {stop.resume_command}"
+    return "nothing was written; run the same command to start it again"
 
 
-def _ray_died_stuck(stop: Any, what: str) -> None:
+def _ray_died_line(stop: StopOnSignals) -> str:
+    return f"Ray died under the sweep ({stop.ray_dead}); its trials stopped with it; {_then(stop)}"
+
+
+def _ray_died_stuck(stop: StopOnSignals, what: str) -> None:
     """The command is stuck in a call to the dead Ray, and ``LocalRayWatchdog`` ends it with
     status 1 after this: the line, and the locks released."""
     stop.ray_dead = stop.ray_dead or what
-    _say(_ray_died_line(stop))
+    say(_ray_died_line(stop))
     for location in list(experiment_lock._held):
         experiment_lock.unlock(location)
 
 
-def _say(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-
-def _print_dry_run(exp: Any, exp_dir: str, trials: int, checked: Any) -> None:
+def _print_dry_run(exp: Experiment, exp_dir: str, trials: int, checked: str) -> None:
     import yaml
 
     print(f"# experiment {exp.path} -> {exp_dir}")
@@ -174,16 +167,16 @@ def _print_dry_run(exp: Any, exp_dir: str, trials: int, checked: Any) -> None:
 
 
 def _tune(
-    exp: Any,
+    exp: Experiment,
     args: argparse.Namespace,
     storage: str,
     name: str | None,
-    spec: dict[str, Any],
+    spec: dict[str, object],
     address: str | None,
     where: str,
-    notices: Any,
-    stop: Any,
-) -> tuple[Any, str, Any, int]:
+    notices: RllibNotices,
+    stop: StopOnSignals,
+) -> tuple[Experiment, str, ResultGrid, int]:
     """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
     result grid, the signal that stopped it or 0)``. A new run (``name`` None) takes its name
     once every check has passed, so a refused start leaves no folder. Everything that fails
@@ -200,12 +193,11 @@ def _tune(
     # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
     # starts is sized before it starts, so a trial that can never fit fails within seconds
     # (Ray's own start takes longer than that on a busy machine).
-    local = address is None
-    predicted = sweep_resources.local_capacity() if local and not ray.is_initialized() else None
+    local, started = address is None, not ray.is_initialized()
+    predicted = sweep_resources.local_capacity() if local and started else None
     if predicted is not None:
         exp = _fit_resources(exp, args, predicted)
     watchdog = LocalRayWatchdog(on_death=stop.ray_died, on_stuck=partial(_ray_died_stuck, stop))
-    started = not ray.is_initialized()
     if started:
         session_dir = start_ray(address, where)
         if local and session_dir and may_end_process():  # never a caller's process
@@ -234,9 +226,7 @@ def _tune(
         stop.resume_command = sweep_resume.resume_command(args, exp, name, storage)
         notices.release()
         try:
-            with (
-                sweep_storage.keep_files_whole()
-            ):  # a disk that fills up keeps each file's last whole copy
+            with sweep_storage.keep_files_whole():  # a full disk keeps each file's last whole copy
                 grid, interrupted = sweep_tuner.fit(tuner)
         except OSError as e:  # Tune reading back a storage that failed under the trials?
             if not sweep_storage.failed(e, files.join(storage, name)):
@@ -269,8 +259,8 @@ def _discard_unstarted(storage: str, name: str) -> bool:
 
 
 def _build_tuner(
-    exp: Any, args: argparse.Namespace, storage: str, name: str, spec: dict[str, Any]
-) -> Any:
+    exp: Experiment, args: argparse.Namespace, storage: str, name: str, spec: dict[str, object]
+) -> Tuner:
     from rllib_amp.sweep import tuner as sweep_tuner
 
     exp_dir = files.join(storage, name)
@@ -296,13 +286,13 @@ def _build_tuner(
 
 
 def _report(
-    exp: Any,
+    exp: Experiment,
     args: argparse.Namespace,
-    grid: Any,
+    grid: ResultGrid,
     storage: str,
     name: str,
     interrupted: int,
-    stop: Any,
+    stop: StopOnSignals,
 ) -> int:
     """Prints the trials, the best checkpoint and the recommendation, writes results.parquet;
     the exit status: 0 all done, 1 a trial failed or did not finish or Ray died under the
@@ -311,16 +301,16 @@ def _report(
     from rllib_amp.sweep import figure, groups, recommend, summary
 
     exp_dir = files.join(storage, name)
+    parquet = files.join(exp_dir, RESULTS_FILE)
+    resume = sweep_resume.resume_command(args, exp, name, storage)
     rows = summary.summarize(exp, grid, storage)
     fault = sweep_storage.storage_fault(exp_dir, rows)
     if fault is not None:  # said once; only the results are tried on a storage that fails
         print(summary.format_table(exp, rows))
-        if summary.try_write_parquet(rows, files.join(exp_dir, RESULTS_FILE)):
-            print(f"Results: {files.join(exp_dir, RESULTS_FILE)}")
-        resume = sweep_resume.resume_command(args, exp, name, storage)
-        _say(f"{fault}; free space or fix the storage, then continue with: {resume}")
+        if summary.try_write_parquet(rows, parquet):
+            print(f"Results: {parquet}")
+        say(f"{fault}; free space or fix the storage, then continue with: {resume}")
         return signal_exit_status(interrupted) if interrupted else 1
-    parquet = files.join(exp_dir, RESULTS_FILE)
     summary.write_parquet(rows, parquet)
     print()
     threshold = summary.target(exp)
@@ -342,13 +332,10 @@ def _report(
     failed = [r for r in rows if r["status"] == "ERROR"]
     unfinished = [r for r in rows if r["status"] == "UNFINISHED"]
     if stop.ray_dead:  # the trials' errors are Ray's death, said once
-        _say(_ray_died_line(stop))
+        say(_ray_died_line(stop))
         return 1
     if unfinished or interrupted:
-        print(
-            f"{len(unfinished)} trial(s) did not finish; continue with: "
-            + sweep_resume.resume_command(args, exp, name, storage)
-        )
+        print(f"{len(unfinished)} trial(s) did not finish; continue with: {resume}")
     for r in failed:
         where = f" (traceback: {r['error_file']})" if r.get("error_file") else ""
         print(f"trial {r['trial_id']} failed: {r['error']}{where}")
@@ -357,7 +344,9 @@ def _report(
     return 1 if failed or unfinished else 0
 
 
-def _fit_resources(exp: Any, args: argparse.Namespace, capacity: dict[str, float]) -> Any:
+def _fit_resources(
+    exp: Experiment, args: argparse.Namespace, capacity: Mapping[str, float]
+) -> Experiment:
     """On a local Ray (no autoscaler), a trial that needs more CPUs or GPUs than the machine
     has would stay PENDING forever: exit 2 with the numbers and the fix, or scale it down
     with --fit-to-machine. (On a cluster pending trials are normal: nodes can be added.)"""
@@ -375,13 +364,6 @@ def _fit_resources(exp: Any, args: argparse.Namespace, capacity: dict[str, float
             + " ".join(f"--set {k}={v}" for k, v in overrides.items())
         )
     return exp
-
-
-def _count_trials(exp: Any, num_samples: int | None) -> int:
-    n = num_samples or exp.tune["num_samples"]
-    for sampler in exp.search.values():
-        n *= sampler.grid_size()
-    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -403,8 +385,3 @@ def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
         if experiment is not None and isinstance(e, experiment.ExperimentError):
             raise UsageError(str(e)) from None
         raise
-
-
-if __name__ == "__main__":
-    run_as_command()  # this process is the command (as python -m rllib_amp.tune)
-    sys.exit(main())

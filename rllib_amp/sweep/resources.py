@@ -2,8 +2,9 @@
 
 The request is RLlib's own: ``Algorithm.default_resource_request`` (the placement group Tune
 reserves per trial: the trial process, which hosts the local learner when
-``num_learners=0``, then one bundle per env runner and per learner). Nothing here repeats
-RLlib's arithmetic, so a change in RLlib changes the numbers here too.
+``num_learners=0``, then one bundle per env runner and per learner), totalled by Tune's
+``PlacementGroupFactory.required_resources``. Nothing here repeats RLlib's arithmetic, so a
+change in RLlib changes the numbers here too.
 
 Example:
     >>> from rllib_amp import experiment
@@ -19,10 +20,19 @@ from __future__ import annotations
 
 import itertools
 import logging
+import logging.handlers
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.tune import PlacementGroupFactory
+
+    from rllib_amp.experiment import Experiment
 
 # Resource kinds the check compares; custom resources are left to Ray.
 KINDS = ("CPU", "GPU")
@@ -30,15 +40,6 @@ KINDS = ("CPU", "GPU")
 
 class ResourceError(ValueError):
     """A trial can never get its resources here: the message has the numbers and the fix."""
-
-
-class _Keep(logging.Handler):
-    def __init__(self, records: list[logging.LogRecord]):
-        super().__init__()
-        self.records = records
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 class RllibNotices:
@@ -54,15 +55,15 @@ class RllibNotices:
         1
     """
 
-    def __init__(self, drop_on: tuple[type[BaseException], ...] = (BaseException,)):
-        self.held: list[logging.LogRecord] = []
-        self._drop_on = drop_on
+    def __init__(self) -> None:
+        self._holder = logging.handlers.BufferingHandler(capacity=sys.maxsize)
+        self.held = self._holder.buffer
         self._logger = logging.getLogger("ray.rllib")
         self._handlers: list[logging.Handler] | None = None
 
     def __enter__(self) -> RllibNotices:
         self._handlers = self._logger.handlers[:]
-        self._logger.handlers = [_Keep(self.held)]
+        self._logger.handlers = [self._holder]
         return self
 
     def release(self) -> None:
@@ -74,15 +75,10 @@ class RllibNotices:
             self._logger.handle(record)
         self.held.clear()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None and issubclass(exc_type, self._drop_on):
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None:
             self.held.clear()
         self.release()
-
-
-def _rllib_notices_held() -> RllibNotices:
-    """Notices held while a resource check runs: dropped when it ends in a ResourceError."""
-    return RllibNotices(drop_on=(ResourceError,))
 
 
 @dataclass(frozen=True)
@@ -92,56 +88,47 @@ class TrialRequest:
     Attributes:
         bundles: One mapping per process: the trial process first, then env runners,
             then learners (RLlib's order).
+        total: The CPUs and GPUs of all bundles together.
         num_env_runners: How many of the bundles after the first are env runners.
         num_learners: How many of the last bundles are learners.
     """
 
     bundles: tuple[Mapping[str, float], ...]
+    total: dict[str, float]
     num_env_runners: int
     num_learners: int
-
-    @property
-    def total(self) -> dict[str, float]:
-        out = {k: 0.0 for k in KINDS}
-        for b in self.bundles:
-            for k in KINDS:
-                out[k] += float(b.get(k, 0) or 0)
-        return out
 
     def fits(self, capacity: Mapping[str, float]) -> bool:
         return all(self.total[k] <= capacity.get(k, 0.0) + 1e-9 for k in KINDS)
 
     def describe(self) -> str:
         """``1 CPU for the trial process, 8 env runners x 1 CPU, 1 learner x 1 GPU``."""
-        main, rest = self.bundles[0], list(self.bundles[1:])
-        runners = rest[: self.num_env_runners]
-        learners = rest[len(rest) - self.num_learners :] if self.num_learners else []
-        others = rest[len(runners) : len(rest) - len(learners)]
-        parts = [f"{_bundle(main)} for the trial process"]
-        for label, group in (("env runner", runners), ("learner", learners), ("actor", others)):
+        rest = self.bundles[1:]
+        runners, learners = self.num_env_runners, len(rest) - self.num_learners
+        groups = {
+            "env runner": rest[:runners],
+            "learner": rest[learners:],
+            "actor": rest[runners:learners],  # what RLlib adds between them (evaluation)
+        }
+        parts = [f"{_bundle(self.bundles[0])} for the trial process"]
+        for label, group in groups.items():
             if group:
                 plural = "s" if len(group) > 1 else ""
                 parts.append(f"{len(group)} {label}{plural} x {_bundle(group[0])}")
         return ", ".join(parts)
 
 
-def _num(v: float) -> str:
-    return f"{v:g}"
-
-
 def _bundle(b: Mapping[str, float]) -> str:
-    shown = [f"{_num(float(b[k]))} {k}" for k in KINDS if b.get(k)]
-    return " + ".join(shown) or "0 CPU"
+    return " + ".join(f"{b[k]:g} {k}" for k in KINDS if b.get(k)) or "0 CPU"
 
 
 def format_amount(amounts: Mapping[str, float]) -> str:
     """``{'CPU': 9, 'GPU': 1}`` -> ``9 CPUs and 1 GPU``."""
-    return " and ".join(
-        f"{_num(amounts.get(k, 0.0))} {k}{'' if amounts.get(k, 0.0) == 1 else 's'}" for k in KINDS
-    )
+    counts = capacity_of(amounts)
+    return " and ".join(f"{counts[k]:g} {k}{'' if counts[k] == 1 else 's'}" for k in KINDS)
 
 
-def trial_request(config: Any) -> TrialRequest:
+def trial_request(config: AlgorithmConfig) -> TrialRequest:
     """The resources one trial of this AlgorithmConfig reserves, from RLlib itself.
 
     Example:
@@ -149,49 +136,31 @@ def trial_request(config: Any) -> TrialRequest:
         >>> trial_request(PPOConfig().env_runners(num_env_runners=2)).total
         {'CPU': 3.0, 'GPU': 0.0}
     """
-    pgf = config.algo_class.default_resource_request(config.to_dict())
-    learners = config.num_learners if config.num_learners else 0
+    # An experiment always names its algorithm, and on RLlib's new API stack it answers with
+    # a PlacementGroupFactory.
+    request = cast("type[Algorithm]", config.algo_class).default_resource_request
+    pgf = cast("PlacementGroupFactory", request(config.to_dict()))
     return TrialRequest(
-        bundles=tuple(dict(b) for b in pgf.bundles),
+        bundles=tuple(pgf.bundles),
+        total=capacity_of(pgf.required_resources),
         num_env_runners=int(config.num_env_runners or 0),
-        num_learners=int(learners),
+        num_learners=int(config.num_learners or 0),
     )
 
 
-def _searched_resources(exp: Any) -> dict[str, list[Any]]:
-    """Searched ``resources.*`` keys -> the values their samplers can give at the edges."""
-    out: dict[str, list[Any]] = {}
-    for key, spec in exp.search.items():
-        if key.startswith("resources."):
-            out[key] = _edges(spec)
-    return out
-
-
-def _edges(spec: Any) -> list[Any]:
-    """Every listed value, or the two ends a range reaches: a parsed sampler knows them
-    (``Sampler.edges``); a spec still in its file form (``{grid: [...]}``) is read here."""
-    if hasattr(spec, "edges"):
-        return list(spec.edges())
-    ((kind, arg),) = spec.items()
-    if kind in ("grid", "choice"):
-        return list(arg)
-    return [arg[0], arg[1] - 1 if kind == "randint" else arg[1]]
-
-
-def requests(exp: Any) -> list[tuple[dict[str, Any], TrialRequest]]:
-    """One ``(searched resource values, request)`` per combination the search can make
-    (a single ``({}, request)`` when no resource key is searched)."""
-    searched = _searched_resources(exp)
-    keys = list(searched)
+def requests(exp: Experiment) -> list[tuple[dict[str, object], TrialRequest]]:
+    """One ``(searched resource values, request)`` per combination of the values at the edges
+    of the searched ``resources.*`` keys (a single ``({}, request)`` when none is searched)."""
+    searched = {k: s.edges() for k, s in exp.search.items() if k.startswith("resources.")}
     out = []
-    for values in itertools.product(*(searched[k] for k in keys)):
-        combo = dict(zip(keys, values))
-        config = exp.with_overrides(combo).algorithm_config() if combo else exp.algorithm_config()
+    for values in itertools.product(*searched.values()):
+        combo = dict(zip(searched, values))
+        config = (exp.with_overrides(combo) if combo else exp).algorithm_config()
         out.append((combo, trial_request(config)))
     return out
 
 
-def check_fits(exp: Any, capacity: Mapping[str, float]) -> None:
+def check_fits(exp: Experiment, capacity: Mapping[str, float]) -> None:
     """Raises ResourceError when a trial of ``exp`` needs more than ``capacity`` (what the
     local Ray has: ``ray.cluster_resources()``), with the numbers and the ``--set``
     overrides that fit.
@@ -203,11 +172,6 @@ def check_fits(exp: Any, capacity: Mapping[str, float]) -> None:
         rllib_amp.sweep.resources.ResourceError: resources: each trial needs 9 CPUs and 1 GPU
         (...), but this machine's Ray has 2 CPUs and 0 GPUs, ...
     """
-    with _rllib_notices_held():
-        _check_fits(exp, capacity)
-
-
-def _check_fits(exp: Any, capacity: Mapping[str, float]) -> None:
     for combo, request in requests(exp):
         if request.fits(capacity):
             continue
@@ -224,7 +188,7 @@ def _check_fits(exp: Any, capacity: Mapping[str, float]) -> None:
         )
 
 
-def fit_overrides(exp: Any, capacity: Mapping[str, float]) -> dict[str, Any]:
+def fit_overrides(exp: Experiment, capacity: Mapping[str, float]) -> dict[str, int]:
     """The ``resources.*`` overrides (dotted key -> value) that make every trial of ``exp``
     fit ``capacity``; ``{}`` when it already fits.
 
@@ -235,59 +199,52 @@ def fit_overrides(exp: Any, capacity: Mapping[str, float]) -> dict[str, Any]:
     a searched resource key is too large (only the search can change it) or when even the
     smallest setup does not fit.
     """
-    with _rllib_notices_held():
-        try:
-            return _plan(exp, capacity)
-        except _CannotFit as e:
-            raise ResourceError(f"--fit-to-machine: {e}") from None
+    try:
+        return _plan(exp, capacity)
+    except _CannotFit as e:
+        raise ResourceError(f"--fit-to-machine: {e}") from None
 
 
 class _CannotFit(Exception):
     """Why no override fits; the text is the fix."""
 
 
-def _plan(exp: Any, capacity: Mapping[str, float]) -> dict[str, Any]:
-    cpus, gpus = capacity.get("CPU", 0.0), capacity.get("GPU", 0.0)
+def _plan(exp: Experiment, capacity: Mapping[str, float]) -> dict[str, int]:
     bad = [combo for combo, r in requests(exp) if not r.fits(capacity)]
     if not bad:
         return {}
-    for combo in bad:
-        if combo:
-            key, value = next(iter(combo.items()))
-            raise _CannotFit(
-                f"search.{key} can give {value!r}, which does not fit "
-                f"{format_amount(capacity)}; narrow the values of search.{key} to what fits"
-            )
-    over: dict[str, Any] = {}
+    if bad[0]:  # searched resource keys: every combination has them
+        key, value = next(iter(bad[0].items()))
+        raise _CannotFit(
+            f"search.{key} can give {value!r}, which does not fit "
+            f"{format_amount(capacity)}; narrow the values of search.{key} to what fits"
+        )
+    cpus, gpus = capacity.get("CPU", 0.0), capacity.get("GPU", 0.0)
+    over: dict[str, int] = {}
 
-    def current() -> tuple[Any, TrialRequest]:
+    def scaled(**changes: int) -> tuple[AlgorithmConfig, TrialRequest]:
+        over.update({f"resources.{k}": v for k, v in changes.items()})
         config = exp.with_overrides(over).algorithm_config()
         return config, trial_request(config)
 
-    config, req = current()
+    config, req = scaled()
     if req.total["GPU"] > gpus:
-        if config.num_gpus_per_env_runner:
-            over["resources.num_gpus_per_env_runner"] = 0
+        changes = {"num_gpus_per_env_runner": 0} if config.num_gpus_per_env_runner else {}
         per_learner = config.num_gpus_per_learner
-        if per_learner:
-            if per_learner > gpus:
-                over["resources.num_gpus_per_learner"] = 0
-            elif config.num_learners > 1:
-                over["resources.num_learners"] = max(1, int(gpus // per_learner))
-        config, req = current()
-    if req.total["CPU"] > cpus:
-        if config.num_learners >= 1 and not config.num_gpus_per_learner:
-            over["resources.num_learners"] = 0
-            config, req = current()
-        per_learner_cpus = config.num_cpus_per_learner
-        if req.total["CPU"] > cpus and per_learner_cpus != "auto" and per_learner_cpus > 1:
-            over["resources.num_cpus_per_learner"] = 1
-            config, req = current()
-        per_runner = float(config.num_cpus_per_env_runner or 0)
-        if req.total["CPU"] > cpus and config.num_env_runners and per_runner > 0:
-            rest = req.total["CPU"] - config.num_env_runners * per_runner
-            over["resources.num_env_runners"] = max(0, math.floor((cpus - rest) / per_runner))
-            config, req = current()
+        if per_learner > gpus:
+            changes["num_gpus_per_learner"] = 0
+        elif per_learner and config.num_learners > 1:
+            changes["num_learners"] = max(1, int(gpus // per_learner))
+        config, req = scaled(**changes)
+    if req.total["CPU"] > cpus and config.num_learners >= 1 and not config.num_gpus_per_learner:
+        config, req = scaled(num_learners=0)
+    per_learner_cpus = config.num_cpus_per_learner
+    if req.total["CPU"] > cpus and per_learner_cpus != "auto" and float(per_learner_cpus) > 1:
+        config, req = scaled(num_cpus_per_learner=1)
+    per_runner = float(config.num_cpus_per_env_runner or 0)
+    if req.total["CPU"] > cpus and config.num_env_runners and per_runner > 0:
+        rest = req.total["CPU"] - config.num_env_runners * per_runner
+        config, req = scaled(num_env_runners=max(0, math.floor((cpus - rest) / per_runner)))
     if not req.fits(capacity):
         raise _CannotFit(
             f"even scaled down ({req.describe()}) a trial needs {format_amount(req.total)}; "

@@ -24,16 +24,20 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_amp.experiment import Experiment, builder
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.tune.schedulers import TrialScheduler
 
 ConfigPath = Callable[[str, dict[str, Any]], tuple[str, ...]]
 # ASHA stops a trial no earlier than this many iterations.
 ASHA_GRACE_PERIOD = 2
 
 
-def nest(flat: Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
+def nest(flat: Mapping[tuple[str, ...], object]) -> dict[str, Any]:
     """{("a", "b"): 1} -> {"a": {"b": 1}}: the nested shape PBT's mutations take.
 
     Example:
@@ -54,12 +58,12 @@ class KeepInRange:
     into the range the file gave, so a mutation never reaches a value the schema refused
     (``backoff_factor`` 0.9 x 1.2 would be >= 1)."""
 
-    def __init__(self, bounds: Mapping[tuple[str, ...], tuple[Any, Any]]) -> None:
+    def __init__(self, bounds: Mapping[tuple[str, ...], tuple[float, float]]) -> None:
         self.bounds = dict(bounds)
 
-    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, config: dict[str, object]) -> dict[str, object]:
         for path, (lo, hi) in self.bounds.items():
-            node = config
+            node: Any = config
             for key in path[:-1]:
                 node = node[key]
             value = node[path[-1]]
@@ -68,13 +72,13 @@ class KeepInRange:
         return config
 
 
-def param_space(exp: Experiment) -> Any:
+def param_space(exp: Experiment) -> AlgorithmConfig:
     """The Tune ``param_space``: the experiment's config with its search space, and under PBT
     each mutated key that is not searched drawn from its mutation for the first config."""
     return builder.algorithm_config(exp.data, searched=builder.initial_space(exp.data))
 
 
-def scheduler(exp: Experiment, config_path: ConfigPath) -> Any:
+def scheduler(exp: Experiment, config_path: ConfigPath) -> TrialScheduler | None:
     """The Tune scheduler ``exp.tune['scheduler']`` names (None for fifo)."""
     from ray import tune
 

@@ -16,16 +16,23 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 from functools import partial
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
 from rllib_amp import fs as files
 from rllib_amp.cli import STOP_SIGNALS, Interrupted, root_error, silence_closed_terminal
 from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.sweep import loggers
+from rllib_amp.sweep.arguments import say
 from rllib_amp.sweep.summary import amp_metric_key, config_path
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.tune import CLIReporter, ResultGrid, Tuner
+
+    from rllib_amp.experiment import Experiment
 
 # Result keys RLlib reports only once an episode has ended (ray.rllib.utils.metrics). Until
 # then they are missing, and Tune ends the whole sweep when its metric is missing from a
@@ -37,7 +44,7 @@ EPISODE_METRICS = tuple(
 )
 
 
-def progress_reporter(exp: Any) -> Any:
+def progress_reporter(exp: Experiment) -> CLIReporter:
     """Tune's CLIReporter with the metric, the AMP columns and the searched keys."""
     from ray.tune import CLIReporter
 
@@ -63,14 +70,16 @@ def progress_reporter(exp: Any) -> Any:
     )
 
 
-def build_tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, restore: bool) -> Any:
+def build_tuner(
+    exp: Experiment, args: argparse.Namespace, storage: str, name: str, restore: bool
+) -> Tuner:
     """The Tuner of experiment ``name`` under ``storage``: a new one, or with ``restore`` the
     stored one, unfinished and errored trials continuing."""
     from ray import tune
 
     from rllib_amp.sweep import schedulers
 
-    trainable = exp.algorithm_config().algo_class
+    trainable = cast("type[Algorithm]", exp.algorithm_config().algo_class)
     param_space = schedulers.param_space(exp)
     if exp.tune["metric"] in EPISODE_METRICS:
         param_space.callbacks(
@@ -82,7 +91,7 @@ def build_tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, res
             trainable=trainable,
             resume_unfinished=True,
             resume_errored=True,
-            param_space=param_space,
+            param_space=param_space.to_dict(),  # what Tune makes of an AlgorithmConfig
         )
     t = exp.tune
     scheduler = schedulers.scheduler(exp, config_path)
@@ -104,7 +113,7 @@ def build_tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, res
     )
     return tune.Tuner(
         trainable,
-        param_space=param_space,
+        param_space=param_space.to_dict(),
         tune_config=tune.TuneConfig(
             metric=t["metric"],
             mode=t["mode"],
@@ -116,26 +125,20 @@ def build_tuner(exp: Any, args: argparse.Namespace, storage: str, name: str, res
     )
 
 
-def no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: Any) -> None:
-    """RLlib ``on_train_result`` callback: an episode metric of an iteration in which no
-    episode has ended yet is reported as NaN ("nothing yet") instead of being left out."""
-    *parents, leaf = metric.split("/")
-    node = result
-    for key in parents:
-        node = node.setdefault(key, {})
-    node.setdefault(leaf, math.nan)
+def no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: object) -> None:
+    """RLlib ``on_train_result`` callback: an episode metric (one of ``EPISODE_METRICS``) of
+    an iteration in which no episode has ended yet is NaN ("nothing yet"), not left out."""
+    group, leaf = metric.split("/")
+    result.setdefault(group, {}).setdefault(leaf, math.nan)
 
 
-def fit(tuner: Any) -> tuple[Any, int]:
+def fit(tuner: Tuner) -> tuple[ResultGrid, int]:
     """``tuner.fit()`` and the signal that stopped it (0: none), under the ``StopOnSignals``
     the caller holds (one that also writes the summary after the fit), else under its own."""
-    if _active:
-        return _fit(tuner, _active[-1])
-    with StopOnSignals() as stop:
-        return _fit(tuner, stop)
-
-
-def _fit(tuner: Any, stop: StopOnSignals) -> tuple[Any, int]:
+    if not _active:
+        with StopOnSignals():
+            return fit(tuner)
+    stop = _active[-1]
     stop.install()  # again: ray.init, since the caller's entered, puts its own on SIGTERM
     try:
         return tuner.fit(), stop.signum
@@ -146,8 +149,8 @@ def _fit(tuner: Any, stop: StopOnSignals) -> tuple[Any, int]:
 class StopOnSignals:
     """SIGINT (Ctrl-C), SIGTERM (``ray job stop``, schedulers) and SIGHUP (the terminal closed)
     each stop Tune the way its own Ctrl-C handling does: it saves the experiment state and
-    returns. A further signal
-    (while Tune saves, or while the summary is written) is reported and otherwise ignored:
+    returns. A further signal (while Tune saves, or while the summary is written) is reported
+    and otherwise ignored:
     raising there would cut the state file short in the middle of its upload. A first signal
     before Tune's loop starts (nothing to save yet) raises ``Interrupted`` (a
     KeyboardInterrupt that carries the signal). ``signum``: the signal that stopped the run, 0
@@ -213,13 +216,13 @@ class StopOnSignals:
         self.ray_dead = what
         _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
 
-    def _stop(self, signum: int, frame: Any) -> None:
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             silence_closed_terminal()
         name = signal.Signals(signum).name
         if self.signum or self.fitted:
             if not self.ray_dead:
-                _say(
+                say(
                     f"{name}: still saving the experiment state and the summary; stopping "
                     "once they are written (SIGKILL stops at once and loses what is not saved)"
                 )
@@ -231,12 +234,8 @@ class StopOnSignals:
             raise Interrupted(signum)
         self.signum = signum
         if not self.ray_dead:
-            _say(f"{name}: stopping; saving the experiment state")
+            say(f"{name}: stopping; saving the experiment state")
         tune_stop(signal.SIGUSR1, frame)
-
-
-def _say(line: str) -> None:
-    print(f"python -m rllib_amp.tune: {line}", file=sys.stderr, flush=True)
 
 
 # The StopOnSignals entered, innermost last: ``fit`` runs under the caller's.
@@ -247,10 +246,9 @@ _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 
 class OneLinePerFault(logging.Filter):
     """Tune logs each failed attempt of a trial, and each failed save of the experiment state,
-    with the whole traceback (77 lines for an env that raised, again for each retry; 6-7
-    tracebacks, about 200 lines, for a disk that filled up). This keeps each such record of
-    Tune's as one line naming the exception's own line, once per message and cause; a
-    trial's tracebacks stay in its ``error.txt``, which the summary names.
+    with the whole traceback, again for each retry. This keeps each such record of Tune's as
+    one line naming the exception's own line, once per message and cause; a trial's
+    tracebacks stay in its ``error.txt``, which the summary names.
 
     Example:
         >>> f, failed = OneLinePerFault(), (OSError, OSError("disk gone"), None)

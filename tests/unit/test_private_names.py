@@ -259,14 +259,14 @@ def test_local_resource_spec_resolves_before_ray_starts():
     assert spec.num_cpus > 0 and spec.num_gpus >= 0
 
 
-def test_global_worker_node_and_its_session_dir():
-    import ray._private.worker
-    from ray._private.node import Node
+def test_the_public_runtime_context_gives_the_session_folder(ray_local):
+    """sweep/grafana.py finds Ray's session folder through the public runtime context: its
+    temp dir joined with the session name is the folder Ray's node keeps."""
+    import os
 
-    worker = ray._private.worker.global_worker
-    assert isinstance(worker, ray._private.worker.Worker)
-    assert _sets_attribute(inspect.getsource(ray._private.worker.Worker.__init__), "node")
-    assert callable(Node.get_session_dir_path)
+    context = ray_local.get_runtime_context()
+    session_dir = os.path.join(context.get_temp_dir(), context.get_session_name())
+    assert session_dir == ray_local._private.worker.global_worker.node.get_session_dir_path()
 
 
 def test_loopback_switch_is_rays_cluster_switch():
