@@ -1,15 +1,8 @@
-"""``sweep.png``: the sweep per setting, in three panels against env steps.
-
-1. the Tune metric: per setting, the mean over its seeds and a band from the lowest to the
-   highest seed (a dashed line marks the stop's target);
-2. log2 of the loss scale: where each setting's scaler settled, and whether it kept
-   overflowing (a saw-tooth) or stayed put;
-3. the share of optimizer steps skipped per iteration (inf/nan gradients).
-
-Seeds of a setting report at their own env steps; each curve is interpolated onto the union
-of them and averaged over the seeds still running there (a seed that stopped on reaching the
-target leaves the mean). Drawn with matplotlib's object API (no pyplot, no global state),
-written through ``pyarrow.fs`` like every other output, so ``s3://`` works too.
+"""``sweep.png``: the sweep per setting against env steps, in three panels: the Tune metric
+(the mean over seeds, a band from the lowest to the highest seed, a dashed line at the stop's
+target), log2 of the loss scale (where each scaler settled, or its saw-tooth of overflows) and
+the share of optimizer steps skipped. Seeds report at their own env steps: each curve is
+interpolated onto the union of them and averaged over the seeds still running there.
 
 Example:
     >>> from rllib_amp.sweep.groups import group

@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -112,6 +112,11 @@ class Group:
     def ranked(self) -> Interval:
         """The interval the rank and the tie rule use."""
         return self.metric if self.steps is None else self.steps
+
+    @property
+    def skip_percent(self) -> str:
+        """The share of optimizer steps skipped, ``11.0%``; ``-`` without one."""
+        return "-" if self.skip_fraction is None else f"{100 * self.skip_fraction:.1f}%"
 
     @property
     def single_seed(self) -> bool:
@@ -207,26 +212,19 @@ def group(
                 steps=steps,
                 reached=reached,
                 skip_fraction=statistics.fmean(fractions) if fractions else None,
-                skipped_steps=_mean(_values(finished, "skipped_steps")),
-                settled_scale=_median([s for s in _values(finished, "settled_scale") if s]),
-                scale_swing=_median(_values(finished, "scale_swing")),
+                skipped_steps=_over(finished, "skipped_steps", statistics.fmean),
+                settled_scale=_over(finished, "settled_scale", statistics.median),
+                scale_swing=_over(finished, "scale_swing", statistics.median),
                 lower_is_better=steps_key is not None or mode == "min",
             )
         )
     return rank(groups)
 
 
-def _values(trials: Sequence[Row], key: str) -> list[float]:
-    """The finite numbers at ``key`` of the trials."""
-    return [v for v in (finite(t.get(key)) for t in trials) if v is not None]
-
-
-def _mean(xs: Sequence[float]) -> float | None:
-    return statistics.fmean(xs) if xs else None
-
-
-def _median(xs: Sequence[float]) -> float | None:
-    return statistics.median(xs) if xs else None
+def _over(trials: Sequence[Row], key: str, stat: Callable[[list[float]], float]) -> float | None:
+    """``stat`` (mean, median) of the finite numbers at ``key`` of the trials, if any."""
+    xs = [v for v in (finite(t.get(key)) for t in trials) if v is not None]
+    return stat(xs) if xs else None
 
 
 def rank(groups: list[Group]) -> list[Group]:
@@ -342,9 +340,10 @@ def format_table(groups: Sequence[Group], metric: str) -> str:
         cells.append(interval_text(g.metric))
         if with_steps and g.steps is not None:
             cells += [interval_text(g.steps), f"{g.reached}/{len(g.trials)}"]
-        frac = "-" if g.skip_fraction is None else f"{100 * g.skip_fraction:.1f}%"
         mark = "best" if g.rank == 1 else ("tied" if g.tied else "")
-        rows.append([*cells, frac, compact(g.skipped_steps), _plain(g.settled_scale), mark])
+        rows.append(
+            [*cells, g.skip_percent, compact(g.skipped_steps), _plain(g.settled_scale), mark]
+        )
     return table(rows)
 
 

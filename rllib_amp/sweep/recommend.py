@@ -155,8 +155,7 @@ def _stat_text(g: Group, metric: str) -> str:
 
 
 def _skips(g: Group) -> str:
-    frac = "-" if g.skip_fraction is None else f"{100 * g.skip_fraction:.1f}%"
-    return f"{format_value(g.skipped_steps)} skipped steps ({frac} of updates)"
+    return f"{format_value(g.skipped_steps)} skipped steps ({g.skip_percent} of updates)"
 
 
 def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:

@@ -47,6 +47,7 @@ def amp_metric_key(name: str, module_id: str = MODULE_ID) -> str:
     return f"learners/{module_id}/{name}"
 
 
+SCALE_KEY = amp_metric_key(amp_metrics.GRAD_SCALE)
 # The final AMP metrics of a row: row key -> the learner's metric name.
 AMP_COLUMNS = {
     "grad_scale": amp_metrics.GRAD_SCALE,
@@ -119,13 +120,9 @@ def target_columns(threshold: float) -> tuple[str, str]:
 
 # -- a trial's history ---------------------------------------------------------------------
 def history(result: Result) -> pd.DataFrame | None:
-    """The trial's result history (one row per iteration, nested keys joined by "/") along
-    the line of training that led to its final result (``lineage``); None when Tune kept none."""
-    try:
-        frame = result.metrics_dataframe
-    except Exception:  # noqa: BLE001 - a trial whose progress file is missing or unreadable
-        return None
-    return lineage(frame)
+    """The trial's result history (nested keys joined by "/") along the line of training that
+    led to its final result (``lineage``); None when Tune kept none."""
+    return lineage(result.metrics_dataframe)
 
 
 def lineage(frame: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -152,10 +149,9 @@ def lineage(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 def _late_scales(frame: pd.DataFrame | None) -> list[float]:
     """The finite grad scales of the last quarter of a history (at least its last result)."""
-    key = amp_metric_key(amp_metrics.GRAD_SCALE)
-    if frame is None or key not in frame.columns:
+    if frame is None or SCALE_KEY not in frame.columns:
         return []
-    values = [v for v in map(finite, frame[key].tolist()) if v is not None]
+    values = [v for v in map(finite, frame[SCALE_KEY].tolist()) if v is not None]
     return values[-max(1, math.ceil(len(values) / 4)) :]
 
 
@@ -215,34 +211,27 @@ def summarize(
         cfg = result.config or {}
         final = result.metrics or {}
         frame = history(result)
-        # A trial that never reported has Tune's placeholder metrics (trial_id "default").
-        row: dict[str, object] = {"trial_id": _trial_id(result.path) or final.get("trial_id")}
-        row.update({key: lookup(cfg, config_path(key, cfg)) for key in exp.search})
-        seed = cfg.get("seed")
-        row["seed"] = seed if seed is not None else exp.data.get("seed")
-        row["base_seed"] = exp.data.get("seed")
         steps, total = _metric(final, STEPS_KEY), finite(_metric(final, "time_total_s"))
-        status = "ERROR" if result.error else ("DONE" if final.get("done") else "UNFINISHED")
-        row.update(
-            {
-                "status": status,
-                "training_iteration": final.get("training_iteration"),
-                "env_steps": steps,
-                metric: _metric(final, metric),
-            }
-        )
-        row.update({k: _metric(final, amp_metric_key(name)) for k, name in AMP_COLUMNS.items()})
+        seed = cfg.get("seed")
         error_file = f"{result.path.rstrip('/')}/error.txt" if result.path else None
-        row.update(
-            {
-                "settled_scale": settled_scale(frame, row["grad_scale"]),
-                "scale_swing": scale_swing(frame),
-                "env_steps_per_s": steps / total if is_number(steps) and steps and total else None,
-                "checkpoint": _on(storage, result.checkpoint.path if result.checkpoint else None),
-                "error": root_error(result.error) if result.error else None,
-                "error_file": _on(storage, error_file) if result.error else None,
-            }
-        )
+        row: dict[str, object] = {
+            # A trial that never reported has Tune's placeholder metrics (trial_id "default").
+            "trial_id": _trial_id(result.path) or final.get("trial_id"),
+            **{key: lookup(cfg, config_path(key, cfg)) for key in exp.search},
+            "seed": seed if seed is not None else exp.data.get("seed"),
+            "base_seed": exp.data.get("seed"),
+            "status": "ERROR" if result.error else ("DONE" if final.get("done") else "UNFINISHED"),
+            "training_iteration": final.get("training_iteration"),
+            "env_steps": steps,
+            metric: _metric(final, metric),
+            **{k: _metric(final, amp_metric_key(name)) for k, name in AMP_COLUMNS.items()},
+            "settled_scale": settled_scale(frame, _metric(final, SCALE_KEY)),
+            "scale_swing": scale_swing(frame),
+            "env_steps_per_s": steps / total if is_number(steps) and steps and total else None,
+            "checkpoint": _on(storage, result.checkpoint.path if result.checkpoint else None),
+            "error": root_error(result.error) if result.error else None,
+            "error_file": _on(storage, error_file) if result.error else None,
+        }
         row.update(skip_warnings(frame, final, cfg))
         if threshold is not None:
             steps_key, time_key = target_columns(threshold)
@@ -291,7 +280,7 @@ def skip_warnings(frame: pd.DataFrame | None, final: Row, cfg: Row) -> dict[str,
         settings = AmpSettings.from_dict(amp if isinstance(amp, Mapping) else None)
     except Exception:  # noqa: BLE001 - the advice then names no values
         settings = None
-    scale = _metric(final, amp_metric_key(amp_metrics.GRAD_SCALE))
+    scale = _metric(final, SCALE_KEY)
     dtype = getattr(settings, "dtype", None)
     scaling = dtype == "float16" or (is_number(scale) and scale != 1.0 and dtype != "bfloat16")
     nonfinite = finite(_metric(final, amp_metric_key(amp_metrics.NONFINITE_LOSS_STEPS_LIFETIME)))
