@@ -100,27 +100,18 @@ class Group:
     tied: bool = False
 
     @property
-    def stat(self) -> str:
-        """What the rank is by: "steps" (to the target) or "metric"."""
-        return "metric" if self.steps is None else "steps"
-
-    @property
     def seeds(self) -> list[object]:
         return [t.get("seed") for t in self.trials]
 
     @property
     def ranked(self) -> Interval:
-        """The interval the rank and the tie rule use."""
+        """The interval the rank and the tie rule use: the steps to the target, if any."""
         return self.metric if self.steps is None else self.steps
 
     @property
     def skip_percent(self) -> str:
         """The share of optimizer steps skipped, ``11.0%``; ``-`` without one."""
         return "-" if self.skip_fraction is None else f"{100 * self.skip_fraction:.1f}%"
-
-    @property
-    def single_seed(self) -> bool:
-        return self.ranked.n < 2
 
     def label(self) -> str:
         """``init_scale=1024, growth_interval=10``: the setting in words."""
@@ -246,7 +237,7 @@ def rank(groups: list[Group]) -> list[Group]:
 
 def single_seed(groups: Sequence[Group]) -> bool:
     """True when no group has two seeds: no interval, every answer rests on one run each."""
-    return all(g.single_seed for g in groups)
+    return all(g.ranked.n < 2 for g in groups)
 
 
 def finding(groups: Sequence[Group]) -> str:
@@ -259,7 +250,7 @@ def finding(groups: Sequence[Group]) -> str:
     ranked = [g for g in groups if g.ranked.bounds() is not None]
     if not ranked:
         return "Nothing to compare: no setting reported the metric."
-    unit = " steps" if ranked[0].stat == "steps" else ""
+    unit = "" if ranked[0].steps is None else " steps"
     keys = list(ranked[0].values)
     deciding: list[str] = []
     rest: list[str] = []
@@ -369,7 +360,7 @@ def report(exp: Experiment, rows: Sequence[Row], grid: object, exp_dir: str) -> 
 
     groups = of_experiment(exp, rows)
     metric = exp.tune["metric"]
-    by = "env steps to the target" if groups and groups[0].stat == "steps" else metric
+    by = "env steps to the target" if groups and groups[0].steps is not None else metric
     print()
     print(f"Settings, best first by the mean {by} over seeds (tie: 95% intervals overlap):")
     print(format_table(groups, metric))
