@@ -122,7 +122,11 @@ def target_columns(threshold: float) -> tuple[str, str]:
 def history(result: Result) -> pd.DataFrame | None:
     """The trial's result history (nested keys joined by "/") along the line of training that
     led to its final result (``lineage``); None when Tune kept none."""
-    return lineage(result.metrics_dataframe)
+    try:
+        frame = result.metrics_dataframe
+    except Exception:  # noqa: BLE001 - a trial whose progress file is missing or unreadable
+        return None
+    return lineage(frame)
 
 
 def lineage(frame: pd.DataFrame | None) -> pd.DataFrame | None:
