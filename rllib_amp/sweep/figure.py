@@ -1,15 +1,8 @@
-"""``sweep.png``: the sweep per setting, in three panels against env steps.
-
-1. the Tune metric: per setting, the mean over its seeds and a band from the lowest to the
-   highest seed (a dashed line marks the stop's target);
-2. log2 of the loss scale: where each setting's scaler settled, and whether it kept
-   overflowing (a saw-tooth) or stayed put;
-3. the share of optimizer steps skipped per iteration (inf/nan gradients).
-
-Seeds of a setting report at their own env steps; each curve is interpolated onto the union
-of them and averaged over the seeds still running there (a seed that stopped on reaching the
-target leaves the mean). Drawn with matplotlib's object API (no pyplot, no global state),
-written through ``pyarrow.fs`` like every other output, so ``s3://`` works too.
+"""``sweep.png``: the sweep per setting against env steps, in three panels: the Tune metric
+(the mean over seeds, a band from the lowest to the highest seed, a dashed line at the stop's
+target), log2 of the loss scale (where each scaler settled, or its saw-tooth of overflows) and
+the share of optimizer steps skipped. Seeds report at their own env steps: each curve is
+interpolated onto the union of them and averaged over the seeds still running there.
 
 Example:
     >>> from rllib_amp.sweep.groups import group
@@ -23,96 +16,89 @@ Example:
 from __future__ import annotations
 
 import io
-import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rllib_amp import fs as files
 from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.sweep.groups import Group
 from rllib_amp.sweep.summary import STEPS_KEY, amp_metric_key, history, target
 
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.figure import Figure
+    from ray.tune import Result
+
+    from rllib_amp.experiment import Experiment
+
 FILE = "sweep.png"
 SCALE = amp_metric_key(amp_metrics.GRAD_SCALE)
 SKIP = amp_metric_key(amp_metrics.SKIP_FRACTION)
 
 
-def curves(grid: Any, keys: Sequence[str]) -> dict[Any, dict[str, list[float]]]:
+def curves(grid: Iterable[Result], keys: Sequence[str]) -> dict[str, dict[str, list[float]]]:
     """trial_id -> {column: values} of each trial's result history, for ``keys`` and the env
     steps; trials without a history are left out."""
-    out: dict[Any, dict[str, list[float]]] = {}
+    out = {}
     for result in grid:
         frame = history(result)
         trial_id = (result.metrics or {}).get("trial_id")
-        if frame is None or trial_id is None or STEPS_KEY not in frame.columns:
-            continue
-        out[trial_id] = {
-            k: [float(v) for v in frame[k].tolist()]
-            for k in (STEPS_KEY, *keys)
-            if k in frame.columns
-        }
+        if frame is not None and trial_id is not None and STEPS_KEY in frame.columns:
+            columns = [k for k in (STEPS_KEY, *keys) if k in frame.columns]
+            out[trial_id] = {k: frame[k].astype(float).tolist() for k in columns}
     return out
 
 
 def _band(
-    series: Sequence[tuple[Sequence[float], Sequence[float]]], transform: Any = None
-) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(x, mean, low, high) over seeds, each seed interpolated onto the union of their x and
-    counted only up to its own last x."""
+    series: Sequence[tuple[Sequence[float], Sequence[float]]], log2: bool
+) -> list[np.ndarray]:
+    """[x, mean, low, high] over seeds (of y, or of its log2), each seed interpolated onto the
+    union of their x and counted only from its own first x to its last."""
     import numpy as np
 
     clean = []
     for xs, ys in series:
-        pts = [
-            (x, transform(y) if transform else y)
-            for x, y in zip(xs, ys)
-            if math.isfinite(x) and math.isfinite(y) and (transform is None or y > 0)
-        ]
-        if pts:
-            clean.append((np.array([p[0] for p in pts]), np.array([p[1] for p in pts])))
+        x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y) & (y > 0 if log2 else True)
+        if ok.any():
+            clean.append((x[ok], np.log2(y[ok]) if log2 else y[ok]))
     if not clean:
-        return [], [], [], []
+        return [np.array([])] * 4
     grid = np.unique(np.concatenate([x for x, _ in clean]))
-    mean, low, high, keep = [], [], [], []
-    for x in grid:
-        here = [float(np.interp(x, xs, ys)) for xs, ys in clean if xs[0] <= x <= xs[-1]]
-        if here:
-            keep.append(float(x))
-            mean.append(sum(here) / len(here))
-            low.append(min(here))
-            high.append(max(here))
-    return keep, mean, low, high
+    seeds = np.array(
+        [
+            np.where((x[0] <= grid) & (grid <= x[-1]), np.interp(grid, x, y), np.nan)
+            for x, y in clean
+        ]
+    )
+    return [grid, np.nanmean(seeds, 0), np.nanmin(seeds, 0), np.nanmax(seeds, 0)]
 
 
 def build(
     groups: Sequence[Group],
-    curves: Mapping[Any, Mapping[str, Sequence[float]]],
+    curves: Mapping[str, Mapping[str, Sequence[float]]],
     *,
     metric: str,
     threshold: float | None = None,
-) -> Any:
+) -> Figure:
     """The three-panel matplotlib Figure of ``groups`` from the trials' ``curves``."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(15, 4.6), layout="constrained")
     ax_metric, ax_scale, ax_skip = fig.subplots(1, 3)
     panels = [
-        (ax_metric, metric, None, metric.split("/")[-1]),
-        (ax_scale, SCALE, math.log2, "log2 loss scale"),
-        (ax_skip, SKIP, None, "skipped share of optimizer steps"),
+        (ax_metric, metric, False, metric.split("/")[-1]),
+        (ax_scale, SCALE, True, "log2 loss scale"),
+        (ax_skip, SKIP, False, "skipped share of optimizer steps"),
     ]
     for g in groups:
         mark = " (best)" if g.rank == 1 else (" (tied)" if g.tied else "")
         label = f"#{g.rank} {g.label()}{mark}"
         color = None
-        for ax, key, transform, _ in panels:
-            series = [
-                (curves[t.get("trial_id")][STEPS_KEY], curves[t.get("trial_id")][key])
-                for t in g.trials
-                if key in curves.get(t.get("trial_id"), {})
-            ]
-            x, mean, low, high = _band(series, transform)
-            if not x:
+        for ax, key, log2, _ in panels:
+            trials = [curves.get(str(t.get("trial_id")), {}) for t in g.trials]
+            x, mean, low, high = _band([(c[STEPS_KEY], c[key]) for c in trials if key in c], log2)
+            if not len(x):
                 continue
             (line,) = ax.plot(x, mean, label=label, color=color, lw=1.6)
             color = line.get_color()
@@ -132,14 +118,14 @@ def build(
     return fig
 
 
-def write(fig: Any, location: str) -> None:
+def write(fig: Figure, location: str) -> None:
     """Writes ``fig`` as a PNG to ``location``: a local path or a storage URI."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     files.write_bytes(*files.resolve(location), buffer.getvalue())
 
 
-def report(exp: Any, groups: Sequence[Group], grid: Any, exp_dir: str) -> str:
+def report(exp: Experiment, groups: Sequence[Group], grid: Iterable[Result], exp_dir: str) -> str:
     """Draws and writes ``sweep.png`` into ``exp_dir``; returns the line saying where (or why
     there is no figure)."""
     try:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_amp.cli import UsageError
+
+if TYPE_CHECKING:
+    from ray.tune import Callback
 
 
 def wandb_project(name: str) -> str:
@@ -39,7 +42,7 @@ def wandb_project(name: str) -> str:
 WANDB_ENV_ARGS = {"WANDB_MODE": "mode", "WANDB_DIR": "dir"}
 
 
-def wandb_callbacks(project: str | None) -> list[Any]:
+def wandb_callbacks(project: str | None) -> list[Callback]:
     """[Tune's WandbLoggerCallback for ``project``], or [] without a project.
 
     Tune logs from a Ray actor, which sees the environment of the Ray that runs it, not this

@@ -1,19 +1,9 @@
 """The AMP settings a sweep recommends: a setting tied with the best, and the scale it settled at.
 
-After a sweep, ``python -m rllib_amp.tune`` ends its summary with a ready ``amp:`` block and
-writes it as ``recommended_amp.yaml`` beside ``results.parquet`` (any storage: local, shared
-mount, ``s3://``). The choice follows the per-setting statistics (``rllib_amp.sweep.groups``):
-
-1. the candidates are the settings tied with the best (their 95% intervals over seeds
-   overlap the best's): between them, the data cannot tell which is faster;
-2. of those, the one whose scaler skipped the fewest optimizer steps (mean over seeds): a
-   skipped step is a lost update, and a scale that keeps overflowing is the one to avoid;
-3. if that still ties, the one whose scale swung least over the last quarter of its runs.
-
-``init_scale`` is that setting's settled scale (the median over seeds of each run's median
-scale over its last quarter), so a rerun starts where the scaler converged instead of backing
-off from 65536 again; not one trial's last value, which is wherever its last overflow left
-it. A bfloat16 (or float32) setting has no scaler: the block says so and sets no init_scale.
+Of the settings tied with the best (``rllib_amp.sweep.groups``), the one whose scaler skipped
+the fewest optimizer steps, then the one whose scale swung least; ``init_scale`` is its settled
+scale. Printed at the end of the summary and written as ``recommended_amp.yaml`` beside
+``results.parquet`` (docs/cli.md, "Recommended settings").
 
 Example:
     >>> from rllib_amp.sweep.groups import group
@@ -32,15 +22,20 @@ import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from rllib_amp import fs as files
-from rllib_amp.checks import is_number
-from rllib_amp.settings import AmpSettings
-from rllib_amp.sweep.groups import SINGLE_RUN, Group, interval_text, single_seed
-from rllib_amp.sweep.summary import format_value
+from rllib_amp.settings import AMP_CONFIG_KEY, AmpSettings
+from rllib_amp.sweep.groups import SINGLE_RUN, Group, interval_text, of_experiment, single_seed
+from rllib_amp.sweep.summary import Row, finite, lookup
+from rllib_amp.text_table import format_value
+
+if TYPE_CHECKING:
+    from ray.tune import Result
+
+    from rllib_amp.experiment import Experiment
 
 FILE = "recommended_amp.yaml"
 # Keys always written; the others only when they differ from AmpSettings' defaults.
@@ -55,12 +50,11 @@ APPLY = "apply with"
 class Recommendation:
     """``amp``: the settings block; ``reason``: one line saying why these values."""
 
-    amp: dict[str, Any]
+    amp: dict[str, object]
     reason: str
 
     def to_yaml(self) -> str:
-        """The file's text: the reason and how to apply it as comments, then the ``amp:``
-        block."""
+        """The reason and how to apply it as comments, then the ``amp:`` block."""
         body = yaml.safe_dump({"amp": self.amp}, sort_keys=False)
         return f"# {self.reason}\n# {APPLY}: {self.as_set_flags()}\n{body}"
 
@@ -80,18 +74,10 @@ class Recommendation:
         return [k for k in searched if k.startswith("amp.") and k[4:] in self.amp]
 
 
-def _yaml_scalar(v: Any) -> str:
+def _yaml_scalar(v: object) -> str:
     """``v`` as YAML on one line: ``1e38`` -> ``1.0e+38`` (a float to YAML, not a string)."""
     text = yaml.safe_dump(v, default_flow_style=True, width=2**31)
     return text.removesuffix("\n...\n").strip()
-
-
-def _number(v: Any) -> float | None:
-    return float(v) if is_number(v) and math.isfinite(v) else None
-
-
-def _worst_last(v: float | None) -> float:
-    return math.inf if v is None else v
 
 
 def choose(groups: Sequence[Group]) -> Group | None:
@@ -102,11 +88,14 @@ def choose(groups: Sequence[Group]) -> Group | None:
         for g in groups
         if g.tied and g.ranked.mean is not None and any(t.get("status") == "DONE" for t in g.trials)
     ]
-    if not candidates:
-        return None
     return min(
         candidates,
-        key=lambda g: (_worst_last(g.skipped_steps), _worst_last(g.scale_swing), g.rank),
+        key=lambda g: (
+            math.inf if g.skipped_steps is None else g.skipped_steps,
+            math.inf if g.scale_swing is None else g.scale_swing,
+            g.rank,
+        ),
+        default=None,
     )
 
 
@@ -114,8 +103,8 @@ def recommend(
     groups: Sequence[Group],
     *,
     metric: str,
-    base: Mapping[str, Any],
-    configs: Mapping[Any, Mapping[str, Any]] | None = None,
+    base: Mapping[str, object],
+    configs: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Recommendation | None:
     """The recommendation from ``groups`` (``groups.group``'s result, ranked, ties marked);
     None without a finished setting that reported the metric.
@@ -129,12 +118,11 @@ def recommend(
         return None
     merged = dict(base)
     merged.update({k[4:]: v for k, v in chosen.values.items() if k.startswith("amp.")})
-    merged.update((configs or {}).get(chosen.trials[0].get("trial_id"), {}))
+    merged.update((configs or {}).get(str(chosen.trials[0].get("trial_id")), {}))
     settings = AmpSettings.from_dict(
         {k: v for k, v in merged.items() if k in AmpSettings.field_names()}
     )
-    scale = _number(chosen.settled_scale)
-    scaling = settings.dtype != "bfloat16" and scale is not None and scale != 1.0
+    scale = finite(chosen.settled_scale)
     defaults = AmpSettings().to_dict()
     amp = {
         k: v
@@ -142,8 +130,7 @@ def recommend(
         if k not in DROPPED and (k in ALWAYS or v != defaults[k])
     }
     why = _why(chosen, groups, metric)
-    if scaling:
-        assert scale is not None
+    if settings.dtype != "bfloat16" and scale is not None and scale != 1.0:
         amp["init_scale"] = scale
         reason = (
             f"{why}; init_scale is its settled scale, {scale:g} (median over seeds of each "
@@ -159,7 +146,7 @@ def recommend(
 
 
 def _stat_text(g: Group, metric: str) -> str:
-    if g.stat == "steps" and g.steps is not None:
+    if g.steps is not None:
         return (
             f"env steps to the target {interval_text(g.steps)} "
             f"({g.reached} of {len(g.trials)} seeds reached it)"
@@ -168,8 +155,7 @@ def _stat_text(g: Group, metric: str) -> str:
 
 
 def _skips(g: Group) -> str:
-    frac = "-" if g.skip_fraction is None else f"{100 * g.skip_fraction:.1f}%"
-    return f"{format_value(g.skipped_steps)} skipped steps ({frac} of updates)"
+    return f"{format_value(g.skipped_steps)} skipped steps ({g.skip_percent} of updates)"
 
 
 def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:
@@ -180,22 +166,20 @@ def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:
         text += ", the best"
     else:
         text += f", tied with the best ({best.label()}: {_stat_text(best, metric)})"
-    if len(tied) > 1:
-        others = [g for g in tied if g is not chosen]
+    if len(tied) < 2:
+        return f"{text}; {_skips(chosen)}"
+    others = [g for g in tied if g is not chosen]
+    text += (
+        f"; of the {len(tied)} tied settings it skipped the fewest steps: {_skips(chosen)}, "
+        f"against " + ", ".join(f"{_skips(g)} for {g.label()}" for g in others)
+    )
+    same = [g for g in others if g.skipped_steps == chosen.skipped_steps]
+    if same and chosen.scale_swing is not None:
+        swings = ", ".join(format_value(g.scale_swing) for g in same)
         text += (
-            f"; of the {len(tied)} tied settings it skipped the fewest steps: {_skips(chosen)}, "
-            f"against " + ", ".join(f"{_skips(g)} for {g.label()}" for g in others)
+            "; its scale swung least over its last quarter "
+            f"(log2 range {chosen.scale_swing:g}, against {swings})"
         )
-        same = [g for g in others if g.skipped_steps == chosen.skipped_steps]
-        if same and chosen.scale_swing is not None:
-            text += (
-                f"; its scale swung least over its last quarter (log2 range "
-                f"{chosen.scale_swing:g}, against "
-                + ", ".join(f"{format_value(g.scale_swing)}" for g in same)
-                + ")"
-            )
-    else:
-        text += f"; {_skips(chosen)}"
     return text
 
 
@@ -206,29 +190,24 @@ def write(rec: Recommendation, exp_dir: str) -> str:
     return location
 
 
-def amp_blocks(grid: Any, amp_key: Sequence[str]) -> dict[Any, dict[str, Any]]:
-    """trial_id -> the AMP block of the trial's final config (``amp_key``: its path there)."""
-    out: dict[Any, dict[str, Any]] = {}
+def amp_blocks(grid: Iterable[Result]) -> dict[str, dict[str, object]]:
+    """trial_id -> the AMP block of the trial's final config."""
+    out: dict[str, dict[str, object]] = {}
     for result in grid:
-        node: Any = result.config or {}
-        for key in amp_key:
-            node = node.get(key) if isinstance(node, Mapping) else None
+        block = lookup(result.config, ("learner_config_dict", AMP_CONFIG_KEY))
         trial_id = (result.metrics or {}).get("trial_id")
-        if isinstance(node, Mapping) and trial_id is not None:
-            out[trial_id] = {k: v for k, v in node.items() if isinstance(v, (int, float, str))}
+        if isinstance(block, Mapping) and trial_id is not None:
+            out[trial_id] = {k: v for k, v in block.items() if isinstance(v, (int, float, str))}
     return out
 
 
-def report(exp: Any, rows: Sequence[Mapping[str, Any]], grid: Any, exp_dir: str) -> None:
+def report(exp: Experiment, rows: Sequence[Row], grid: Iterable[Result], exp_dir: str) -> None:
     """Prints the recommended ``amp:`` block and the reason, and writes the file."""
-    from rllib_amp.settings import AMP_CONFIG_KEY
-    from rllib_amp.sweep import groups
-
     rec = recommend(
-        groups.of_experiment(exp, rows),
+        of_experiment(exp, rows),
         metric=exp.tune["metric"],
         base=exp.data["amp"],
-        configs=amp_blocks(grid, ("learner_config_dict", AMP_CONFIG_KEY)),
+        configs=amp_blocks(grid),
     )
     if rec is None:
         print("No recommended AMP settings: no trial finished with a metric.")
