@@ -42,9 +42,9 @@ import math
 import os
 import posixpath
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.fs
@@ -52,6 +52,8 @@ import pyarrow.fs
 from rllib_amp.checkpoint_manifest import (
     MANIFEST_FILE_NAME,
     CheckpointError,
+    Location,
+    ManifestEntry,
     check_checksum,
     fail,
     find_manifest,
@@ -70,10 +72,14 @@ from rllib_amp.fs import (
 )
 from rllib_amp.log_events import event
 
+if TYPE_CHECKING:
+    from ray.rllib.utils.checkpoints import Checkpointable
+
 # The manifest's names are read from here too: one module for a checkpoint's checks.
 __all__ = [
     "MANIFEST_FILE_NAME",
     "CheckpointError",
+    "Location",
     "VerifiedCheckpoint",
     "rllib_restore_files",
     "verify_checkpoint",
@@ -112,7 +118,7 @@ class VerifiedCheckpoint:
 
 
 def verify_checkpoint(
-    path: Any,
+    path: Location,
     *,
     filesystem: pyarrow.fs.FileSystem | None = None,
     announce_missing_manifest: bool = True,
@@ -209,7 +215,12 @@ def verify_checkpoint(
     )
 
 
-def rllib_restore_files(checkpointable: Any, path: Any, *, filesystem: Any = None) -> list[str]:
+def rllib_restore_files(
+    checkpointable: Checkpointable | None,
+    path: Location,
+    *,
+    filesystem: pyarrow.fs.FileSystem | None = None,
+) -> list[str]:
     """The state files ``checkpointable.restore_from_path(path)`` reads, relative to ``path``.
 
     Follows RLlib 2.60's ``Checkpointable.restore_from_path``: for each of the object's
@@ -235,7 +246,9 @@ def rllib_restore_files(checkpointable: Any, path: Any, *, filesystem: Any = Non
     return _restore_files(checkpointable, fs, root, "")
 
 
-def _restore_files(obj: Any, fs: Any, root: str, prefix: str) -> list[str]:
+def _restore_files(
+    obj: Checkpointable, fs: pyarrow.fs.FileSystem, root: str, prefix: str
+) -> list[str]:
     from ray.rllib.utils.actor_manager import FaultTolerantActorManager
 
     out: list[str] = []
@@ -255,7 +268,7 @@ def _restore_files(obj: Any, fs: Any, root: str, prefix: str) -> list[str]:
     return out
 
 
-def _component_state_files(fs: Any, root: str, files: list[str]) -> list[str]:
+def _component_state_files(fs: pyarrow.fs.FileSystem, root: str, files: list[str]) -> list[str]:
     """For each folder among ``files`` (relative to ``root``) that holds RLlib's component
     files, its state file: the one present, else the one its metadata.json names."""
     by_folder: dict[str, set[str]] = {}
@@ -277,7 +290,7 @@ def _component_state_files(fs: Any, root: str, files: list[str]) -> list[str]:
     return out
 
 
-def _state_stem(fs: Any, root: str, folder: str, names: set[str]) -> str:
+def _state_stem(fs: pyarrow.fs.FileSystem, root: str, folder: str, names: set[str]) -> str:
     """The state file stem RLlib's metadata.json in ``folder`` names; "state" without one."""
     if _COMPONENT_MARKERS[0] in names:
         path = posixpath.join(root, folder, _COMPONENT_MARKERS[0])
@@ -290,7 +303,7 @@ def _state_stem(fs: Any, root: str, folder: str, names: set[str]) -> str:
     return "state"
 
 
-def _refuse_links_out_of(fs: Any, root: str) -> None:
+def _refuse_links_out_of(fs: pyarrow.fs.FileSystem, root: str) -> None:
     """CheckpointError for the first symbolic link below ``root`` (a local folder) that
     leads out of it or nowhere; nothing beyond it is listed or read."""
     if not isinstance(fs, pyarrow.fs.LocalFileSystem):
@@ -321,10 +334,10 @@ def _refuse_links_out_of(fs: Any, root: str) -> None:
 
 
 def _check_unlisted(
-    fs: Any,
+    fs: pyarrow.fs.FileSystem,
     root: str,
     files: list[str],
-    expected: dict[str, Any],
+    expected: dict[str, ManifestEntry],
     manifest_path: str,
     *,
     required: set[str],
@@ -358,7 +371,9 @@ def _check_unlisted(
         )
 
 
-def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -> None:
+def _check_content(
+    fs: pyarrow.fs.FileSystem, full: str, data: bytes, *, for_rllib: bool = True
+) -> None:
     stem, ext = posixpath.splitext(posixpath.basename(full))
     if ext not in STATE_FORMATS:
         return
@@ -401,7 +416,7 @@ def _check_content(fs: Any, full: str, data: bytes, *, for_rllib: bool = True) -
             )
 
 
-def _check_scales(fs: Any, full: str, scalers: dict[str, Any]) -> None:
+def _check_scales(fs: pyarrow.fs.FileSystem, full: str, scalers: Mapping[str, object]) -> None:
     """A saved loss scale of 0 or below is as unusable as an inf one."""
     for module_id, state in scalers.items():
         torch_state = state.get("torch") if isinstance(state, dict) else None
@@ -420,13 +435,13 @@ def _check_scales(fs: Any, full: str, scalers: dict[str, Any]) -> None:
             )
 
 
-def _finite_parts(obj: Any) -> list[tuple[str, Any]]:
+def _finite_parts(obj: object) -> list[tuple[str, object]]:
     if not isinstance(obj, dict):
         return []
     return [(key, obj[key]) for key in _FINITE_KEYS if key in obj]
 
 
-def _nonfinite(obj: Any, where: str) -> Iterator[tuple[str, int, int]]:
+def _nonfinite(obj: object, where: str) -> Iterator[tuple[str, int, int]]:
     """(key path, nan count, inf count) of each non-finite float array or number in ``obj``."""
     if isinstance(obj, dict):
         for k, v in obj.items():

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
-from typing import Any, NoReturn
+from typing import NoReturn, TypedDict
 
 import pyarrow.fs
 
 from rllib_amp.fs import display_path, list_files, read_bytes, resolve
+
+# A checkpoint folder: a local path, a URI (``s3://...``) or a path on a given filesystem.
+Location = str | os.PathLike[str]
 
 MANIFEST_FILE_NAME = "rllib_amp_manifest.json"
 _MANIFEST_FORMAT = "rllib-amp checkpoint manifest"
@@ -28,6 +32,11 @@ _MANIFEST_VERSION = 1
 # A component restored on its own (e.g. ``learner_group/learner/rl_module/default_policy``)
 # sits at most this deep below the algorithm folder that holds the manifest.
 _MANIFEST_SEARCH_DEPTH = 4
+
+
+class ManifestEntry(TypedDict):
+    bytes: int
+    sha256: str
 
 
 class CheckpointError(ValueError):
@@ -40,12 +49,12 @@ class CheckpointError(ValueError):
         self.path = path
         self.problem = problem
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         # Keeps ``path`` when Ray sends the error from a remote learner to the driver.
         return (type(self), (str(self), self.path, self.problem))
 
 
-def write_manifest(path: Any, *, filesystem: pyarrow.fs.FileSystem | None = None) -> str:
+def write_manifest(path: Location, *, filesystem: pyarrow.fs.FileSystem | None = None) -> str:
     """Writes ``rllib_amp_manifest.json`` (size and sha256 of every file) into a checkpoint.
 
     Call it after every other file of the checkpoint is written. Returns the manifest's path.
@@ -68,7 +77,9 @@ def write_manifest(path: Any, *, filesystem: pyarrow.fs.FileSystem | None = None
     return display_path(fs, target)
 
 
-def find_manifest(fs: Any, root: str, files: list[str]) -> tuple[str | None, dict[str, Any]]:
+def find_manifest(
+    fs: pyarrow.fs.FileSystem, root: str, files: list[str]
+) -> tuple[str | None, dict[str, ManifestEntry]]:
     """(manifest path, {path relative to root: entry}) of the manifest covering ``root``."""
     if MANIFEST_FILE_NAME in files:
         manifest_path = posixpath.join(root, MANIFEST_FILE_NAME)
@@ -91,7 +102,7 @@ def find_manifest(fs: Any, root: str, files: list[str]) -> tuple[str | None, dic
     return None, {}
 
 
-def _load_manifest(fs: Any, manifest_path: str) -> dict[str, Any]:
+def _load_manifest(fs: pyarrow.fs.FileSystem, manifest_path: str) -> dict[str, ManifestEntry]:
     try:
         manifest = json.loads(read_bytes(fs, manifest_path).decode("utf-8"))
         if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(
@@ -112,7 +123,7 @@ def _load_manifest(fs: Any, manifest_path: str) -> dict[str, Any]:
 
 
 def check_checksum(
-    fs: Any, full: str, data: bytes, entry: dict[str, Any], manifest_path: str
+    fs: pyarrow.fs.FileSystem, full: str, data: bytes, entry: ManifestEntry, manifest_path: str
 ) -> None:
     if len(data) != entry["bytes"]:
         fail(
@@ -131,7 +142,11 @@ def check_checksum(
 
 
 def fail(
-    fs: Any, full: str, problem: str, *, advice: str = "Restore from another checkpoint."
+    fs: pyarrow.fs.FileSystem,
+    full: str,
+    problem: str,
+    *,
+    advice: str = "Restore from another checkpoint.",
 ) -> NoReturn:
     shown = display_path(fs, full)
     raise CheckpointError(

@@ -35,17 +35,23 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import pathlib
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.fs
 from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core.learner.learner import Learner
+from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import LEARNER_RESULTS
+from ray.rllib.utils.typing import ResultDict, StateDict
 from ray.train import Checkpoint
 from ray.tune import Trainable
 
 from rllib_amp.checkpoint_files import (
     CheckpointError,
+    Location,
     rllib_restore_files,
     verify_checkpoint,
     write_manifest,
@@ -70,10 +76,10 @@ class AmpAlgorithmMixin(_MixinBase):
     @override(Checkpointable)
     def save_to_path(
         self,
-        path: Any = None,
+        path: Location | None = None,
         *,
-        state: Any = None,
-        filesystem: Any = None,
+        state: StateDict | None = None,
+        filesystem: pyarrow.fs.FileSystem | None = None,
         use_msgpack: bool = False,
     ) -> str:
         if path is not None and filesystem is None:
@@ -86,17 +92,21 @@ class AmpAlgorithmMixin(_MixinBase):
         return str(saved)
 
     @override(Algorithm)
-    def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
-        filesystem = kwargs.get("filesystem")
+    def restore_from_path(
+        self,
+        path: str | pathlib.Path,
+        *,
+        component: str | None = None,
+        filesystem: pyarrow.fs.FileSystem | None = None,
+        **kwargs: object,
+    ) -> None:
         # A whole-algorithm restore reads each component's state file: all must be there
         # (with or without a manifest) before RLlib replaces the first of them.
         required = (
-            rllib_restore_files(self, path, filesystem=filesystem)
-            if kwargs.get("component") is None
-            else []
+            rllib_restore_files(self, path, filesystem=filesystem) if component is None else []
         )
         verify_checkpoint(path, filesystem=filesystem, required=required)
-        super().restore_from_path(path, *args, **kwargs)
+        super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
 
     @override(Trainable)
     def restore(self, checkpoint_path: Any) -> None:
@@ -148,8 +158,8 @@ class AmpAlgorithmMixin(_MixinBase):
     _amp_metric_keys: tuple[str, ...] | None = None
 
     @override(Algorithm)
-    def step(self) -> dict[str, Any]:
-        result: dict[str, Any] = super().step()
+    def step(self) -> ResultDict:
+        result: ResultDict = super().step()
         if self._amp_metric_keys != ():
             self._amp_metric_keys = fill_amp_metrics(
                 result, self.learner_group, self._amp_metric_keys
@@ -158,7 +168,7 @@ class AmpAlgorithmMixin(_MixinBase):
 
 
 def fill_amp_metrics(
-    result: dict[str, Any], learner_group: Any, keys: tuple[str, ...] | None
+    result: ResultDict, learner_group: LearnerGroup, keys: tuple[str, ...] | None
 ) -> tuple[str, ...] | None:
     """Gives each module's AMP metric that ``result`` lacks (or holds as None or NaN) the value
     its learner's scaler has now. ``keys``: the AMP metric keys, None before the learners were
@@ -168,9 +178,7 @@ def fill_amp_metrics(
     entries = [v for k, v in learners.items() if k != "__all_modules__" and isinstance(v, dict)]
     if keys and entries and all(_known(entry.get(key)) for entry in entries for key in keys):
         return keys
-    answers = learner_group.foreach_learner(
-        lambda learner: getattr(learner, "amp_values_without_an_update", dict)()
-    )
+    answers = learner_group.foreach_learner(_values_now)
     answered = [a.get() for a in answers if a.ok]
     if not answered:
         return keys  # ask again next time
@@ -181,6 +189,11 @@ def fill_amp_metrics(
             if not _known(entry.get(key)):
                 entry[key] = value
     return tuple(next(iter(now.values()), {}))
+
+
+def _values_now(learner: Learner, _: object = None) -> dict[str, dict[str, float]]:
+    values = getattr(learner, "amp_values_without_an_update", dict)
+    return values()  # type: ignore[no-any-return]
 
 
 def _known(value: object) -> bool:

@@ -33,7 +33,12 @@ from typing import Any
 
 import pyarrow.fs
 
-from rllib_amp.checkpoint_files import MANIFEST_FILE_NAME, CheckpointError, verify_checkpoint
+from rllib_amp.checkpoint_files import (
+    MANIFEST_FILE_NAME,
+    CheckpointError,
+    Location,
+    verify_checkpoint,
+)
 from rllib_amp.fs import (
     CHECKPOINT_FOLDER,
     EXPERIMENT_STATE_GLOB,
@@ -106,7 +111,7 @@ class CheckpointChoice:
 
 
 def newest_intact_checkpoint(
-    trial_dir: Any,
+    trial_dir: Location,
     *,
     filesystem: pyarrow.fs.FileSystem | None = None,
     move_damaged: bool = False,
@@ -143,7 +148,7 @@ def newest_intact_checkpoint(
 
 
 def _first_intact(
-    fs: Any, folders: list[str]
+    fs: pyarrow.fs.FileSystem, folders: list[str]
 ) -> tuple[str | None, list[tuple[str, CheckpointError]]]:
     """The first of ``folders`` (newest first) that verifies, and the damaged ones before it."""
     damaged: list[tuple[str, CheckpointError]] = []
@@ -159,7 +164,7 @@ def _first_intact(
     return None, damaged
 
 
-def _check_not_cut_off(fs: Any, folder: str, older: list[str]) -> None:
+def _check_not_cut_off(fs: pyarrow.fs.FileSystem, folder: str, older: list[str]) -> None:
     """CheckpointError for a checkpoint without a manifest in a trial whose older
     checkpoints have one: rllib-amp writes the manifest into every checkpoint before Tune
     uploads it, so this upload was cut off (a full disk, a killed process) and files that
@@ -181,7 +186,7 @@ def _check_not_cut_off(fs: Any, folder: str, older: list[str]) -> None:
     )
 
 
-def _move_aside(fs: Any, folder: str, *, copy: bool = False) -> str:
+def _move_aside(fs: pyarrow.fs.FileSystem, folder: str, *, copy: bool = False) -> str:
     """Renames ``folder`` to ``<folder>.damaged`` (``.damaged-2``, ... if taken); with
     ``copy``, copies it there instead (once) and marks ``folder`` (``KEPT_ASIDE_FILE``)."""
     mark = posixpath.join(folder, KEPT_ASIDE_FILE)
@@ -221,11 +226,11 @@ class NoIntactCheckpointError(CheckpointError):
             stranded[0].damaged[0].file if stranded[0].damaged else "",
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return (type(self), (self.stranded,))
 
 
-def intact_checkpoint_before(fs: Any, checkpoint: str) -> str | None:
+def intact_checkpoint_before(fs: pyarrow.fs.FileSystem, checkpoint: str) -> str | None:
     """The newest intact checkpoint of ``checkpoint``'s trial older than it, else None.
 
     What a trial restores instead of a damaged ``checkpoint``
@@ -245,7 +250,7 @@ def intact_checkpoint_before(fs: Any, checkpoint: str) -> str | None:
     return _first_intact(fs, older)[0]
 
 
-def is_kept_aside(fs: Any, checkpoint: str) -> bool:
+def is_kept_aside(fs: pyarrow.fs.FileSystem, checkpoint: str) -> bool:
     """Whether a resume found ``checkpoint`` damaged and kept a copy of it aside."""
     return is_file(fs, posixpath.join(checkpoint.rstrip("/"), KEPT_ASIDE_FILE))
 
@@ -256,7 +261,7 @@ def _index(name: str) -> int:
 
 
 def resume_from_intact_checkpoints(
-    experiment_dir: Any,
+    experiment_dir: Location,
     *,
     filesystem: pyarrow.fs.FileSystem | None = None,
     restart_damaged: bool = False,
@@ -290,7 +295,7 @@ def resume_from_intact_checkpoints(
         if info.type == pyarrow.fs.FileType.Directory and checkpoint_folders(fs, info.path):
             choices.append(newest_intact_checkpoint(info.path, filesystem=fs))
             fs_paths[choices[-1].trial_dir] = info.path
-    records = _latest_recorded_checkpoints(state)
+    records = _latest_recorded_checkpoints(state["trial_data"])
     stranded = [
         c
         for c in choices
@@ -333,7 +338,10 @@ def resume_from_intact_checkpoints(
 
 
 def _kept_aside(
-    fs: Any, fs_trial_dir: str, choice: CheckpointChoice, records: dict[str, tuple[str, str]]
+    fs: pyarrow.fs.FileSystem,
+    fs_trial_dir: str,
+    choice: CheckpointChoice,
+    records: dict[str, tuple[str, str]],
 ) -> CheckpointChoice:
     latest = _index(records.get(posixpath.basename(choice.trial_dir), ("", ""))[1])
     kept = []
@@ -344,14 +352,14 @@ def _kept_aside(
     return CheckpointChoice(choice.trial_dir, choice.intact, tuple(kept))
 
 
-def _latest_recorded_checkpoints(state: dict[str, Any]) -> dict[str, tuple[str, str]]:
+def _latest_recorded_checkpoints(trial_data: list[list[str]]) -> dict[str, tuple[str, str]]:
     """Trial folder name -> ("resumed" or "done", the folder name of the latest checkpoint
     Tune recorded for it). "done": finished or errored; the refusal leaves those out."""
     # Tune's own (private) class reads a trial's run metadata: its format is Tune's.
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 
     records = {}
-    for entry in state["trial_data"]:
+    for entry in trial_data:
         status = json.loads(entry[0]).get("status")
         manager: Any = _TrainingRunMetadata.from_json_state(entry[1]).checkpoint_manager
         latest = manager.latest_checkpoint_result if manager is not None else None
@@ -362,7 +370,7 @@ def _latest_recorded_checkpoints(state: dict[str, Any]) -> dict[str, tuple[str, 
     return records
 
 
-def _newest_experiment_state(fs: Any, root: str) -> str:
+def _newest_experiment_state(fs: pyarrow.fs.FileSystem, root: str) -> str:
     # Tune resumes from the newest state file (rllib_amp.fs.experiment_state_file).
     path = experiment_state_file(fs, root)
     if path is None:

@@ -34,17 +34,20 @@ Example:
 from __future__ import annotations
 
 import queue
-from typing import Any
 
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+from ray.rllib.utils.typing import ResultDict
 
 # What IMPALALearner.update adds to a result besides metrics (not a Stats object).
 _MODULE_STATE_KEY = "_rl_module_state_after_update"
 
 
 def collect_pending(
-    out_queue: queue.Queue, result: dict[str, Any], *, stats_cls_lookup: Any = None
-) -> dict[str, Any]:
+    out_queue: queue.Queue,
+    result: ResultDict,
+    *,
+    stats_cls_lookup: dict[str, type] | None = None,
+) -> ResultDict:
     """``result`` merged with every result still waiting in ``out_queue`` (emptied).
 
     ``result`` is returned as it is when nothing waits. ``stats_cls_lookup``: the config's

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
 
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
@@ -63,7 +63,9 @@ def autocast_forwards(module: object, precision: Precision) -> None:
         if getattr(original, "_rllib_amp", False):
             continue
 
-        def forward(batch: Any, _original: Any = original, **kwargs: Any) -> Any:
+        def forward(
+            batch: dict[str, object], _original: Callable[..., object] = original, **kwargs: object
+        ) -> object:
             with precision.autocast():
                 return to_float32(_original(batch, **kwargs))
 

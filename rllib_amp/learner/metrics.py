@@ -10,8 +10,14 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.core.learner.learner import Learner
+    from ray.util.metrics import Gauge
 
 # The loss scale after the learner's last update (1.0 when no scaling: bfloat16).
 GRAD_SCALE = "amp_grad_scale"
@@ -54,7 +60,7 @@ RAY_METRICS: dict[str, tuple[str, str]] = {
     ),
 }
 TAG_KEYS = ("trial", "module")
-_gauges: dict[str, Any] = {}
+_gauges: dict[str, Gauge] = {}
 
 
 def publish(values: dict[str, float], *, trial: str, module: str) -> None:
@@ -84,30 +90,32 @@ def trial_name(algorithm: object) -> str:
 
     RLlib drops Tune's trial info when it turns the trial's config dict into an
     AlgorithmConfig, so ``Algorithm.trial_name`` is "default" in every Tune trial; the trial's
-    storage folder, which Tune sets before ``setup``, still names it.
+    folder (``Trainable.logdir``, Tune's ``working_dirs/<trial folder>``), set before
+    ``setup``, still names it.
 
     Example:
         >>> from types import SimpleNamespace
-        >>> trial_name(SimpleNamespace(trial_name="default", _storage=SimpleNamespace(
-        ...     trial_dir_name="PPO_CartPole-v1_f1412_00000_0_lr=0.001_2026-11-30_15-01-38")))
+        >>> trial_name(SimpleNamespace(trial_name="default", logdir="/tmp/ray/exp/working_dirs/"
+        ...     "PPO_CartPole-v1_f1412_00000_0_lr=0.001_2026-11-30_15-01-38"))
         'PPO_CartPole-v1_f1412_00000'
     """
     name = getattr(algorithm, "trial_name", None)
     if name and name != "default":
         return str(name)
-    dirname = getattr(getattr(algorithm, "_storage", None), "trial_dir_name", None)
-    if dirname:
+    folder, dirname = os.path.split(str(getattr(algorithm, "logdir", None) or ""))
+    if dirname and os.path.basename(folder) == "working_dirs":  # under Tune
         match = _TRIAL_IN_DIRNAME.match(dirname)
-        return match.group(1) if match else str(dirname)
+        return match.group(1) if match else dirname
     return "default"
 
 
-def tag_learners_with_trial(*, algorithm: Any, **kwargs: object) -> None:
+def tag_learners_with_trial(*, algorithm: Algorithm, **kwargs: object) -> None:
     """RLlib ``on_algorithm_init`` callback: tells the learners which trial they serve."""
     trial = trial_name(algorithm)
 
-    def tag(learner: object) -> None:
+    def tag(learner: Learner, _: object = None) -> None:
         if hasattr(learner, "set_amp_trial"):
             learner.set_amp_trial(trial)
 
+    assert algorithm.learner_group is not None  # the new API stack: always built
     algorithm.learner_group.foreach_learner(tag)

@@ -24,8 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -109,7 +108,7 @@ class GatherMiniBatchIterator(MiniBatchCyclicIterator):
             self._minibatch_count += 1
 
 
-def gather_minibatches(iterator: Any) -> Any:
+def gather_minibatches(iterator: Iterable) -> Iterable:
     """``iterator`` as a GatherMiniBatchIterator where that gives the same minibatches.
 
     Only RLlib's own ``MiniBatchCyclicIterator`` over a batch ``supports`` accepts is
@@ -128,7 +127,7 @@ def _gather(module_batch: SampleBatch, pieces: list[np.ndarray]) -> SampleBatch:
     index = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
     on_device: dict[torch.device, torch.Tensor] = {}
 
-    def take(value: Any) -> Any:
+    def take(value: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         if isinstance(value, torch.Tensor):
             idx = on_device.get(value.device)
             if idx is None:

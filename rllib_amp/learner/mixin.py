@@ -35,15 +35,21 @@ Example:
 from __future__ import annotations
 
 import logging
+import pathlib
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.fs
 import torch
 from ray.rllib.algorithms.impala import IMPALAConfig
 from ray.rllib.algorithms.impala.impala_learner import IMPALALearner
-from ray.rllib.core import COMPONENT_OPTIMIZER
+from ray.rllib.core import ALL_MODULES, COMPONENT_OPTIMIZER
 from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.core.learner.training_data import TrainingData
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.typing import ModuleID, ParamDict, ResultDict, StateDict, TensorType
 
 from rllib_amp.checkpoint_files import rllib_restore_files, verify_checkpoint
 from rllib_amp.learner.async_results import collect_pending, discard_pending
@@ -105,7 +111,7 @@ class AmpLearnerMixin(_MixinBase):
     def build(self) -> None:
         super().build()
         self._amp_settings = settings_from_config(self.config)
-        self._amp_precision = resolve(self._amp_settings, self._device)
+        self._amp_precision = resolve(self._amp_settings, self.device)
         self._amp_scaler_set = ScalerSet()
         if not self.amp_enabled:
             logger.info(
@@ -131,7 +137,7 @@ class AmpLearnerMixin(_MixinBase):
         scalers.add(
             module_id,
             PolicyScaler(
-                settings, self._device, scaling=precision.use_scaler, share_scale_with=shared
+                settings, self.device, scaling=precision.use_scaler, share_scale_with=shared
             ),
         )
         module = self.module[module_id]
@@ -154,14 +160,14 @@ class AmpLearnerMixin(_MixinBase):
         )
 
     @override(TorchLearner)
-    def add_module(self, *, module_id: str, **kwargs: Any) -> Any:
+    def add_module(self, *, module_id: ModuleID, **kwargs: object) -> MultiRLModuleSpec:
         spec = super().add_module(module_id=module_id, **kwargs)
         if self.amp_enabled:
             self._amp_setup_module(module_id)
         return spec
 
     @override(TorchLearner)
-    def remove_module(self, module_id: str, **kwargs: Any) -> Any:
+    def remove_module(self, module_id: ModuleID, **kwargs: object) -> MultiRLModuleSpec:
         spec = super().remove_module(module_id, **kwargs)
         if self._amp_scaler_set is not None:
             self._amp_scaler_set.remove(module_id)
@@ -169,7 +175,7 @@ class AmpLearnerMixin(_MixinBase):
 
     # -- the update step -------------------------------------------------------------------
     @override(TorchLearner)
-    def _uncompiled_update(self, batch: dict, **kwargs: Any) -> Any:
+    def _uncompiled_update(self, batch: dict, **kwargs: object) -> tuple[dict, dict, dict]:
         if not self.amp_enabled:
             return super()._uncompiled_update(batch, **kwargs)
         assert self._amp_precision is not None
@@ -179,14 +185,18 @@ class AmpLearnerMixin(_MixinBase):
         return to_float32(fwd_out), loss_per_module, results
 
     @override(Learner)
-    def compute_losses(self, *, fwd_out: dict[str, Any], batch: dict[str, Any]) -> Any:
+    def compute_losses(
+        self, *, fwd_out: dict[str, object], batch: dict[str, object]
+    ) -> dict[ModuleID, TensorType]:
         if not self.amp_enabled:
             return super().compute_losses(fwd_out=fwd_out, batch=batch)
         # Loss maths (log-probs, ratios, KL, value / TD errors, entropy) see float32.
         return to_float32(super().compute_losses(fwd_out=to_float32(fwd_out), batch=batch))
 
     @override(TorchLearner)
-    def compute_gradients(self, loss_per_module: dict[str, Any], **kwargs: Any) -> Any:
+    def compute_gradients(
+        self, loss_per_module: dict[ModuleID, torch.Tensor], **kwargs: object
+    ) -> ParamDict:
         if not self.amp_enabled:
             return super().compute_gradients(loss_per_module, **kwargs)
         scalers = self._amp_scaler_set
@@ -197,7 +207,9 @@ class AmpLearnerMixin(_MixinBase):
                 gradients = super().compute_gradients(scaled, **kwargs)
             else:
                 scalers.backward_per_module(
-                    loss_per_module, self._amp_optimizers(), zero=self._optimizer_parameters
+                    loss_per_module,
+                    self._amp_optimizers(),
+                    zero=self._amp_module_optimizers(ALL_MODULES),
                 )
                 gradients = {pid: p.grad for pid, p in self._params.items()}
             scalers.gradients_computed()
@@ -209,7 +221,7 @@ class AmpLearnerMixin(_MixinBase):
         return gradients
 
     @override(Learner)
-    def postprocess_gradients(self, gradients_dict: dict) -> dict:
+    def postprocess_gradients(self, gradients_dict: ParamDict) -> ParamDict:
         if not self.amp_enabled:
             return super().postprocess_gradients(gradients_dict)
         assert self._amp_precision is not None
@@ -217,7 +229,7 @@ class AmpLearnerMixin(_MixinBase):
             return super().postprocess_gradients(gradients_dict)
 
     @override(TorchLearner)
-    def apply_gradients(self, gradients_dict: dict) -> None:
+    def apply_gradients(self, gradients_dict: ParamDict) -> None:
         if not self.amp_enabled:
             return super().apply_gradients(gradients_dict)
         scalers = self._amp_scaler_set
@@ -233,14 +245,19 @@ class AmpLearnerMixin(_MixinBase):
         # The weights changed in place: autocast must not reuse low-precision copies of them.
         torch.clear_autocast_cache()
 
-    def _amp_set_grads(self, gradients_dict: dict) -> None:
+    def _amp_set_grads(self, gradients_dict: ParamDict) -> None:
         for pid, grad in gradients_dict.items():
             self._params[pid].grad = grad
 
-    def _amp_optimizers(self) -> dict[str, list[torch.optim.Optimizer]]:
+    def _amp_optimizers(self) -> dict[ModuleID, list[torch.optim.Optimizer]]:
         return {
             mid: [opt for _, opt in self.get_optimizers_for_module(mid)] for mid in self.amp_scalers
         }
+
+    def _amp_module_optimizers(self, *extra_ids: str) -> list[torch.optim.Optimizer]:
+        # The optimizers of every module (and of ``extra_ids``, e.g. ALL_MODULES).
+        module_ids = [*self.module.keys(), *extra_ids]  # noqa: SIM118 - a MultiRLModule
+        return [opt for mid in module_ids for _, opt in self.get_optimizers_for_module(mid)]
 
     def _amp_build_lr_schedulers(self) -> None:
         # RLlib's TorchLearner.apply_gradients builds the torch lr schedulers lazily, mixed
@@ -258,7 +275,7 @@ class AmpLearnerMixin(_MixinBase):
                 self._lr_schedulers[module_id] = {optimizer_name: [c(optim) for c in per_module]}
 
     @override(TorchLearner)
-    def _make_batch_if_necessary(self, training_data: Any) -> Any:
+    def _make_batch_if_necessary(self, training_data: TrainingData) -> TrainingData:
         if not self.amp_enabled or training_data.episodes is None:
             return super()._make_batch_if_necessary(training_data)
         assert self._amp_precision is not None
@@ -266,13 +283,13 @@ class AmpLearnerMixin(_MixinBase):
             return super()._make_batch_if_necessary(training_data)
 
     @override(Learner)
-    def _create_iterator_if_necessary(self, **kwargs: Any) -> Any:
+    def _create_iterator_if_necessary(self, **kwargs: object) -> Iterable:
         iterator = super()._create_iterator_if_necessary(**kwargs)
         return gather_minibatches(iterator) if self.amp_enabled else iterator
 
     # -- metrics ---------------------------------------------------------------------------
     @override(Learner)
-    def update(self, *args: Any, **kwargs: Any) -> Any:
+    def update(self, *args: object, **kwargs: object) -> ResultDict:
         result = super().update(*args, **kwargs)
         if self.amp_enabled and isinstance(self, IMPALALearner):
             # RLlib's learner thread queues K results per call (APPO trains each batch K
@@ -286,7 +303,7 @@ class AmpLearnerMixin(_MixinBase):
         return result
 
     @override(TorchLearner)
-    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+    def after_gradient_based_update(self, *, timesteps: dict[str, object]) -> None:
         super().after_gradient_based_update(timesteps=timesteps)
         report_update(
             self.metrics,
@@ -299,41 +316,44 @@ class AmpLearnerMixin(_MixinBase):
     # -- checkpoints -----------------------------------------------------------------------
     @override(TorchLearner)
     def get_state(
-        self, components: Any = None, *, not_components: Any = None, **kwargs: Any
-    ) -> dict[str, Any]:
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        **kwargs: object,
+    ) -> StateDict:
         state = super().get_state(components, not_components=not_components, **kwargs)
         if self.amp_scalers and self._check_component(AMP_STATE_KEY, components, not_components):
             state[AMP_STATE_KEY] = scaler_state(self.amp_scalers)
         return state
 
     @override(TorchLearner)
-    def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
+    def restore_from_path(
+        self,
+        path: str | pathlib.Path,
+        *,
+        component: str | None = None,
+        filesystem: pyarrow.fs.FileSystem | None = None,
+        **kwargs: object,
+    ) -> None:
         # Before RLlib loads anything. An Algorithm restore has checked the whole checkpoint
         # already (checkpoints.algorithm); this covers Learner / LearnerGroup restores and
         # learners on other nodes, which get a copy of their own folder only.
-        filesystem = kwargs.get("filesystem")
         required = (
-            rllib_restore_files(self, path, filesystem=filesystem)
-            if kwargs.get("component") is None
-            else []
+            rllib_restore_files(self, path, filesystem=filesystem) if component is None else []
         )
         verify_checkpoint(
             path, filesystem=filesystem, announce_missing_manifest=False, required=required
         )
-        super().restore_from_path(path, *args, **kwargs)
+        super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
 
     @override(TorchLearner)
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: StateDict) -> None:
         super().set_state(state)
         full = COMPONENT_OPTIMIZER in state
         if full and self.amp_enabled and isinstance(self, IMPALALearner):
             # Results of updates made before the restore describe the replaced state.
             discard_pending(getattr(self, "_learner_thread_out_queue", None))
         if full:
-            optimizers = [
-                opt
-                for mid in self.module.keys()  # noqa: SIM118 - a MultiRLModule, not a dict
-                for _, opt in self.get_optimizers_for_module(mid)
-            ]
-            set_adam_fusing(optimizers, fused=self.amp_enabled)
+            set_adam_fusing(self._amp_module_optimizers(), fused=self.amp_enabled)
         restore_scaler_state(self.amp_scalers, state, amp_enabled=self.amp_enabled, full=full)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -33,6 +33,8 @@ NORM_LAYER_TYPES: tuple[type[nn.Module], ...] = (
     nn.GroupNorm,
     nn.modules.instancenorm._InstanceNorm,
 )
+
+T = TypeVar("T")
 
 _NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -67,7 +69,7 @@ class Precision:
         scaler = "GradScaler on" if self.use_scaler else "no loss scaling"
         return f"{self.name} autocast on {self.device_type} ({scaler}): {self.reason}"
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The autocast context for forward + loss; a no-op for float32."""
         if not self.enabled:
             return contextlib.nullcontext()
@@ -223,7 +225,12 @@ CPU_BF16_MIN_INFERENCE_BATCH = 16
 
 
 def resolve_inference(
-    settings: AmpSettings, device: torch.device | str, *, batch: int = 1, **probes: Any
+    settings: AmpSettings,
+    device: torch.device | str,
+    *,
+    batch: int = 1,
+    cuda_capability: tuple[int, int] | None = None,
+    cpu_bf16: bool | None = None,
 ) -> Precision:
     """The precision of EnvRunner forward passes (action computation; no loss scaling).
 
@@ -247,13 +254,15 @@ def resolve_inference(
                 f"float32 (bfloat16 pays from {CPU_BF16_MIN_INFERENCE_BATCH})",
             )
         # The same hardware rule as training, but never forced onto slow hardware.
-        p = resolve(AmpSettings(enabled="auto"), device, **probes)
+        p = resolve(
+            AmpSettings(enabled="auto"), device, cuda_capability=cuda_capability, cpu_bf16=cpu_bf16
+        )
         return Precision(p.dtype, kind, False, f"inference auto: {p.reason}")
     dtype = torch.float16 if choice == "float16" else torch.bfloat16
     return Precision(dtype, kind, False, f"inference_dtype {choice} requested explicitly")
 
 
-def _float32_inputs(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _float32_inputs(module: nn.Module, args: tuple[object, ...]) -> tuple[object, ...]:
     # A module-level function (not a lambda) so modules stay picklable.
     return tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
 
@@ -283,16 +292,18 @@ def add_float32_islands(module: nn.Module) -> int:
     return count
 
 
-def to_float32(tree: Any) -> Any:
+def to_float32(tree: T) -> T:
     """Casts every 16-bit floating tensor in a nested dict/list/tuple back to float32.
 
     What leaves an autocast region goes through this: loss maths then run in float32, and
-    RLlib's numpy conversion never meets a bfloat16 tensor (numpy has no bfloat16).
+    RLlib's numpy conversion never meets a bfloat16 tensor (numpy has no bfloat16). The
+    result has the structure and types of ``tree``.
     """
     if torch.is_tensor(tree):
-        return tree.float() if tree.dtype in (torch.float16, torch.bfloat16) else tree
+        low = tree.dtype in (torch.float16, torch.bfloat16)
+        return tree.float() if low else tree  # type: ignore[return-value]
     if isinstance(tree, dict):
-        return {k: to_float32(v) for k, v in tree.items()}
+        return {k: to_float32(v) for k, v in tree.items()}  # type: ignore[return-value]
     if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
         return type(tree)(to_float32(v) for v in tree)
     return tree

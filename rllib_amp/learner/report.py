@@ -20,15 +20,17 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ray.rllib.utils.metrics.metrics_logger import DEFAULT_STATS_CLS_LOOKUP
+from ray.rllib.utils.metrics.metrics_logger import DEFAULT_STATS_CLS_LOOKUP, MetricsLogger
 from ray.rllib.utils.metrics.stats import ItemStats
+from ray.rllib.utils.metrics.stats.base import StatsBase
 
 from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.log_events import event
 from rllib_amp.scaling.scaler import PolicyScaler
+from rllib_amp.settings import AmpSettings
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +57,17 @@ class LastItemStats(ItemStats):
     stats_cls_identifier = LAST
 
     @property
-    def values(self) -> list[Any]:
+    def values(self) -> list[float]:
         """As a series stat's: an algorithm restored from a checkpoint of an older rllib-amp
         holds the mean stat it merged into, which reads this (and keeps averaging)."""
-        return [] if self._item is None else [self._item]
+        item = self.get_state()["item"]
+        return [] if item is None else [item]
 
-    def merge(self, incoming_stats: list[Any]) -> None:
-        items = [s._item for s in incoming_stats if s._item is not None]
+    def merge(self, incoming_stats: Sequence[StatsBase]) -> None:
+        items = [s.get_state()["item"] for s in incoming_stats]
+        items = [item for item in items if item is not None]
         if items:
-            self._item = items[-1]
+            self.push(items[-1])
 
 
 # RLlib's documented way to add a reduce method: the default lookup, which every config
@@ -75,7 +79,11 @@ _COUNTER: dict[str, Any] = {"reduce": "max", "window": 1}
 
 
 def report_update(
-    metrics: Any, scalers: Mapping[str, PolicyScaler], *, merged_results: bool, trial: str
+    metrics: MetricsLogger,
+    scalers: Mapping[str, PolicyScaler],
+    *,
+    merged_results: bool,
+    trial: str,
 ) -> None:
     """Logs each module's AMP metrics for the update that just ended; warns when due.
 
@@ -153,7 +161,7 @@ def skip_cause(*, nonfinite_loss_steps: float, scaling: bool) -> str:
     return "overflow" if scaling else "nonfinite_gradients"
 
 
-def skip_advice(cause: str, settings: Any = None) -> str:
+def skip_advice(cause: str, settings: AmpSettings | None = None) -> str:
     """What to change for ``cause`` (``skip_cause``); with ``settings`` (AmpSettings), the
     values now.
 

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -36,7 +36,9 @@ def _float32_value_outputs(modules: Iterable[Any]) -> Iterator[None]:
         if original is None:
             continue
 
-        def compute_values(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+        def compute_values(
+            *args: object, _original: Callable[..., object] = original, **kwargs: object
+        ) -> object:
             return to_float32(_original(*args, **kwargs))
 
         module.compute_values = compute_values  # instance attribute shadows the method

@@ -16,13 +16,23 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TypedDict
 
 import torch
 
 from rllib_amp.settings import AmpSettings
 
 STATE_VERSION = 1
+
+
+# What ``PolicyScaler.state_dict`` returns; "torch" is the GradScaler's own state dict.
+class ScalerState(TypedDict):
+    version: int
+    scaling: bool
+    torch: dict[str, float]
+    optimizer_steps_lifetime: int
+    skipped_steps_lifetime: int
+    nonfinite_loss_steps_lifetime: int
 
 
 def _grads(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.Tensor]:
@@ -284,7 +294,7 @@ class PolicyScaler:
         return out
 
     # -- checkpointing ---------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> ScalerState:
         return {
             "version": STATE_VERSION,
             "scaling": self.scaling,
@@ -294,7 +304,7 @@ class PolicyScaler:
             "nonfinite_loss_steps_lifetime": self.nonfinite_loss_steps_lifetime,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: ScalerState) -> None:
         """Continues from a saved state: same scale, growth tracker and counters.
 
         What wins on a restore (PBT's exploit restores a donor's checkpoint into a recipient
@@ -309,7 +319,7 @@ class PolicyScaler:
         if seed is not None:
             self.seed(*seed)
 
-    def load_counters(self, state: dict[str, Any]) -> None:
+    def load_counters(self, state: ScalerState) -> None:
         """The counters of a saved state, nothing of its scale."""
         _check_state(state)
         self.optimizer_steps_lifetime = int(state["optimizer_steps_lifetime"])
@@ -338,7 +348,7 @@ class PolicyScaler:
         self._scaler.load_state_dict(merged)
 
 
-def _check_state(state: Any) -> None:
+def _check_state(state: object) -> None:
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         raise ValueError(
             f"scaler state: expected a dict with version {STATE_VERSION}, got "
@@ -346,7 +356,7 @@ def _check_state(state: Any) -> None:
         )
 
 
-def saved_scale(state: dict[str, Any]) -> tuple[float, int] | None:
+def saved_scale(state: ScalerState) -> tuple[float, int] | None:
     """(scale, growth tracker) of a saved PolicyScaler state; None if it did not scale.
 
     Example:

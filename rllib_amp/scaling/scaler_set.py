@@ -86,7 +86,9 @@ class ScalerSet:
         self._scaled.discard(module_id)
 
     # -- compute_gradients -----------------------------------------------------------------
-    def scaled_losses(self, loss_per_module: Mapping[str, Any]) -> dict[str, Any] | None:
+    def scaled_losses(
+        self, loss_per_module: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor] | None:
         """The losses to hand RLlib's ``compute_gradients`` (one backward of their sum).
 
         None when several float16 modules share a loss: then call ``backward_per_module``.
@@ -106,7 +108,7 @@ class ScalerSet:
 
     def backward_per_module(
         self,
-        loss_per_module: Mapping[str, Any],
+        loss_per_module: Mapping[str, torch.Tensor],
         optimizers: Optimizers,
         *,
         zero: Iterable[torch.optim.Optimizer],
@@ -139,7 +141,7 @@ class ScalerSet:
         """Marks every module's new gradients as scaled (for ``unscale``)."""
         self._scaled = set(self.scalers)
 
-    def _begin(self, loss_per_module: Mapping[str, Any]) -> None:
+    def _begin(self, loss_per_module: Mapping[str, torch.Tensor]) -> None:
         for scaler in self.scalers.values():
             scaler.discard_pending()  # an unscale_ whose step never came
         losses = {

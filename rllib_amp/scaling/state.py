@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rllib_amp.log_events import event
-from rllib_amp.scaling.scaler import PolicyScaler, saved_scale, seed_scalers
+from rllib_amp.scaling.scaler import PolicyScaler, ScalerState, saved_scale, seed_scalers
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ __all__ = ["AMP_STATE_KEY", "restore_scaler_state", "scaler_state"]
 AMP_STATE_KEY = "amp_scalers"
 
 
-def scaler_state(scalers: Mapping[str, PolicyScaler]) -> dict[str, dict[str, Any]]:
+def scaler_state(scalers: Mapping[str, PolicyScaler]) -> dict[str, ScalerState]:
     """ModuleID -> that scaler's state dict: the value stored under AMP_STATE_KEY."""
     return {module_id: scaler.state_dict() for module_id, scaler in scalers.items()}
 

@@ -28,7 +28,6 @@ import math
 import numbers
 import posixpath
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from rllib_amp.checkpoint_files import CheckpointError, verify_checkpoint
 from rllib_amp.fs import (
@@ -45,7 +44,13 @@ from rllib_amp.fs import (
     resolve,
 )
 from rllib_amp.log_events import event
-from rllib_amp.scaling.scaler import STATE_VERSION, PolicyScaler, saved_scale, seed_scalers
+from rllib_amp.scaling.scaler import (
+    STATE_VERSION,
+    PolicyScaler,
+    ScalerState,
+    saved_scale,
+    seed_scalers,
+)
 from rllib_amp.scaling.state import AMP_STATE_KEY
 from rllib_amp.settings import FLOAT32_MAX, FLOAT32_TINY, AmpSettings, WarmStart
 
@@ -78,7 +83,7 @@ def learner_state_file(path: str) -> str | None:
     return None
 
 
-def _read_verified(path: str, file: str) -> Any:
+def _read_verified(path: str, file: str) -> object:
     """The learner state in ``file``, after the checks a restore applies to its checkpoint:
     the manifest's sizes and sha256, every file parsing, finite weights and optimizer state.
     """
@@ -89,7 +94,7 @@ def _read_verified(path: str, file: str) -> Any:
     return decode(fs_file, read_bytes(fs, fs_file))
 
 
-def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
+def read_scaler_states(path: str) -> dict[str, ScalerState]:
     """ModuleID -> saved PolicyScaler state of the checkpoint at ``path``.
 
     Raises ValueError naming ``amp.warm_start.from`` and the fix when the path does not
@@ -112,7 +117,7 @@ def read_scaler_states(path: str) -> dict[str, dict[str, Any]]:
         ) from None
 
 
-def _read_scaler_states(path: str, where: str) -> dict[str, dict[str, Any]]:
+def _read_scaler_states(path: str, where: str) -> dict[str, ScalerState]:
     # A dead endpoint: one timeout, named as such, instead of one per file below.
     probe(path)
     fs, base = resolve(path)
@@ -204,7 +209,7 @@ def _check_saved_scales(file: str, saved: object) -> None:
             )
 
 
-def _with_scale(saved: Mapping[str, dict[str, Any]]) -> dict[str, tuple[float, int]]:
+def _with_scale(saved: Mapping[str, ScalerState]) -> dict[str, tuple[float, int]]:
     out = {}
     for module_id, state in saved.items():
         try:

@@ -154,9 +154,9 @@ def test_item_stats_hold_their_value_in_item():
     from ray.rllib.utils.metrics.stats import ItemStats
 
     stats = ItemStats()
-    assert stats._item is None
+    assert stats.get_state()["item"] is None
     stats.push(3.0)
-    assert stats._item == 3.0 and stats.get_state()["item"] == 3.0
+    assert stats.get_state()["item"] == 3.0
 
 
 def test_config_dict_keys_the_summary_reads():
@@ -196,8 +196,10 @@ def test_trainable_keeps_its_storage_context():
     from ray.train._internal.storage import StorageContext
     from ray.tune import Trainable
 
-    assert _sets_attribute(inspect.getsource(Trainable.__init__), "_storage")
-    assert "trial_dir_name" in inspect.signature(StorageContext).parameters
+    # Under Tune, Trainable.logdir is <...>/working_dirs/<trial folder> (learner/metrics.py).
+    assert "self._storage.trial_working_directory" in inspect.getsource(Trainable._setup_logdir)
+    source = inspect.getsource(StorageContext.trial_working_directory.fget)
+    assert '"working_dirs", self.trial_dir_name' in source
 
 
 def test_pbt_keeps_its_mutations():

@@ -157,14 +157,19 @@ def test_stock_apply_gradients_turns_inf_into_a_step():
 
 
 def test_learner_internals_we_read_exist_after_build():
+    from ray.rllib.core import ALL_MODULES
+
     lrn = _stock_ppo_learner()
     (opt,) = [o for _, o in lrn.get_optimizers_for_module("default_policy")]
-    assert opt in lrn._optimizer_parameters
     params = list(lrn.module["default_policy"].parameters())
     assert all(lrn._params[p] is p for p in params)  # torch param refs are the params
     assert list(lrn._module_optimizers) == ["default_policy"]
+    # Every optimizer RLlib's compute_gradients zeroes is reached by module id (the
+    # mixin's _amp_module_optimizers(ALL_MODULES)).
+    assert list(lrn._optimizer_parameters) == [opt]
+    assert lrn.get_optimizers_for_module(ALL_MODULES) == []
     assert lrn._lr_scheduler_classes is None and lrn._lr_schedulers == {}
-    assert isinstance(lrn._device, torch.device)
+    assert isinstance(lrn._device, torch.device) and lrn.device is lrn._device
 
 
 def test_value_pass_calls_each_modules_compute_values():
