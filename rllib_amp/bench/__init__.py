@@ -42,47 +42,8 @@ within it every variant runs interleaved, so the variants share one process: rll
 allocator setting (rllib_amp.learner.malloc) applies to the stock variants as well. The speed
 figures run unseeded: a seed makes RLlib switch on torch's deterministic mode on a CPU,
 which is not how one trains for speed. ``report`` prints the table and writes the files.
+The modules load torch and RLlib; this package's root imports none of them.
 
 Example:
     python -m rllib_amp.bench --quick --json bench.json
 """
-
-from __future__ import annotations
-
-from rllib_amp.lazy import lazy_exports
-
-# Exported name -> the module that defines it. Loaded on first use: each module pulls in
-# torch and RLlib, which ``python -m rllib_amp.bench --help`` does not need.
-_EXPORTS = {
-    **dict.fromkeys(
-        ("bench_end_to_end_paths", "bench_memory_paths", "bench_replay_bytes", "bench_sampling"),
-        "rllib_amp.bench.atari_figures",
-    ),
-    **dict.fromkeys(("build_parser", "main", "run"), "rllib_amp.bench.command"),
-    **dict.fromkeys(
-        ("bench_end_to_end", "bench_memory", "bench_parity", "bench_throughput"),
-        "rllib_amp.bench.figures",
-    ),
-    "bench_fixed_cost": "rllib_amp.bench.fixed_cost",
-    "in_child": "rllib_amp.bench.harness",
-    **dict.fromkeys(
-        (
-            "check_outputs",
-            "machine_description",
-            "markdown",
-            "markdown_targets",
-            "rows_from",
-            "targets",
-        ),
-        "rllib_amp.bench.report",
-    ),
-    **dict.fromkeys(
-        ("WORKLOADS", "algo_config", "build_learner", "collect_data", "update_fn"),
-        "rllib_amp.bench.workloads",
-    ),
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

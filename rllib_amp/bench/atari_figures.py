@@ -20,12 +20,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_amp.bench.figures import (
     E2E_ENVS_PER_RUNNER,
     WARMUP_ROUNDS,
-    interleaved,
+    interleaved_reps,
     memory_one,
     train_interleaved,
 )
@@ -33,21 +33,16 @@ from rllib_amp.bench.harness import in_child
 from rllib_amp.bench.workloads import LR, PATH_VARIANTS, WORKLOADS, algo_config
 from rllib_amp.envs.atari import NATIVE, WRAPPERS
 
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
 SAMPLING_PATHS = (WRAPPERS, NATIVE)
 # APPO end to end: RLlib's own default batch is 500 per learner; the same 1024 as PPO's CPU
 # workload keeps the two rows comparable.
-APPO_TRAINING: dict[str, Any] = {"train_batch_size_per_learner": 1024, "lr": LR}
+APPO_TRAINING: dict[str, object] = {"train_batch_size_per_learner": 1024, "lr": LR}
 
 
 # -- sampling ---------------------------------------------------------------------------------
-def sampling_one(preprocessing: str, num_envs: int, env_steps: int, model: str) -> float:
-    """Env steps/s of one EnvRunner sampling Pong on ``preprocessing`` (for ``in_child``)."""
-    from rllib_amp.bench.sampling import measure_sampling, sampling_config
-
-    cfg = sampling_config(preprocessing, num_envs=num_envs, model=model)
-    return measure_sampling(cfg, env_steps=env_steps, warmup_steps=min(512, env_steps)).steps_per_s
-
-
 def bench_sampling(
     reps: int,
     *,
@@ -58,19 +53,17 @@ def bench_sampling(
 ) -> dict[str, list[float]]:
     """Env steps/s per path (``wrappers``, ``native``), ``reps`` each, interleaved.
 
-    ``measure(path, num_envs, env_steps, model)`` defaults to ``sampling_one`` in a fresh
-    child process: one path's env threads and heap never share a process with the other's.
+    ``measure(path, num_envs, env_steps, model)`` defaults to ``sampling.sampling_one`` in a
+    fresh child process: one path's env threads and heap never share a process with the other's.
     """
+    from rllib_amp.bench.sampling import sampling_one
 
-    def fresh(*args: Any) -> float:
-        return float(in_child(sampling_one, *args))
+    def run(path: str) -> float:
+        if measure is not None:
+            return measure(path, num_envs, env_steps, model)
+        return in_child(sampling_one, path, num_envs, env_steps, model)[0]
 
-    run = measure or fresh
-    out: dict[str, list[float]] = {p: [] for p in SAMPLING_PATHS}
-    for rep in range(reps):
-        for path in interleaved(SAMPLING_PATHS, rep):
-            out[path].append(run(path, num_envs, env_steps, model))
-    return out
+    return interleaved_reps(SAMPLING_PATHS, reps, run)
 
 
 # -- end to end -------------------------------------------------------------------------------
@@ -81,8 +74,8 @@ def path_configs(
     *,
     model: str = "full",
     num_envs: int = E2E_ENVS_PER_RUNNER,
-    training: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    training: Mapping[str, object] | None = None,
+) -> dict[str, AlgorithmConfig]:
     """The training config of each ``PATH_VARIANTS`` label, one local EnvRunner each."""
     if training is None and algo == "APPO":
         training = APPO_TRAINING
@@ -109,7 +102,7 @@ def bench_end_to_end_paths(
     *,
     model: str = "full",
     num_envs: int = E2E_ENVS_PER_RUNNER,
-    training: Mapping[str, Any] | None = None,
+    training: Mapping[str, object] | None = None,
     warmup: int = WARMUP_ROUNDS,
 ) -> dict[str, list[float]]:
     """Env steps/s of ``algo``'s training iterations on Pong per label, interleaved."""
@@ -118,7 +111,7 @@ def bench_end_to_end_paths(
 
 
 # -- replay bytes -----------------------------------------------------------------------------
-def numpy_bytes(obj: Any) -> int:
+def numpy_bytes(obj: object) -> int:
     """Bytes of the numpy arrays ``obj`` holds: through episodes, RLlib's lookback buffers,
     dicts, lists and tuples; each array counted once.
 
@@ -149,7 +142,7 @@ def numpy_bytes(obj: Any) -> int:
     return total
 
 
-def _attributes(item: Any) -> list[Any]:
+def _attributes(item: object) -> list[object]:
     # RLlib's episodes keep their fields in __slots__, its lookback buffers in __dict__.
     out = list(getattr(item, "__dict__", {}).values())
     for cls in type(item).__mro__:
@@ -169,12 +162,14 @@ def replay_bytes_one(
     DQN config names, and counts the numpy bytes its episodes hold: ``all`` (observations,
     actions, rewards, ...) and ``observations`` alone, each per stored transition.
     """
+    from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
     from ray.rllib.utils import replay_buffers
 
     cfg = algo_config("DQN", "mini", "fp32", "cpu", preprocessing=preprocessing)
+    assert isinstance(cfg, DQNConfig)
     cfg.env_runners(num_envs_per_env_runner=num_envs)
-    settings = dict(cfg.replay_buffer_config)
+    settings: dict[str, Any] = dict(cfg.replay_buffer_config)  # RLlib's keywords
     cls = settings.pop("type")
     if isinstance(cls, str):
         cls = getattr(replay_buffers, cls)

@@ -13,7 +13,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import rllib_amp.bench.atari_figures as atari_figures
 import rllib_amp.bench.figures as figures
@@ -21,6 +20,7 @@ import rllib_amp.bench.fixed_cost as fixed_cost
 import rllib_amp.bench.report as report
 from rllib_amp.algorithms import algorithm
 from rllib_amp.bench.harness import in_child
+from rllib_amp.bench.report import Results
 from rllib_amp.bench.workloads import (
     MODELS,
     PATH_VARIANTS,
@@ -94,13 +94,13 @@ def atari_paths(
     device: str,
     reps: int,
     quick: bool,
-    save: Callable[[dict[str, Any]], None] = lambda part: None,
-) -> dict[str, Any]:
+    save: Callable[[Results], None] = lambda part: None,
+) -> Results:
     """The Atari-path figures (``atari_figures``): RLlib's wrappers vs the native env.
 
     ``save(part)`` is called with what is measured so far after each figure.
     """
-    out: dict[str, Any] = {}
+    out: Results = {}
     steps = 1024 if quick else 4096
     print(f"[bench] sampling, one EnvRunner: wrappers vs native x{reps}", file=sys.stderr)
     out["sampling"] = atari_figures.bench_sampling(reps, env_steps=steps)
@@ -149,9 +149,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     reps = args.reps or (3 if args.quick else 7)
     variants = VARIANTS_GPU if device == "cuda" else VARIANTS_CPU
     started = time.time()
-    results: dict[str, Any] = {"throughput": {}, "memory": {}}
+    results: Results = {"throughput": {}, "memory": {}}
 
-    def save(part: dict[str, Any] | None = None) -> None:
+    def save(part: Results | None = None) -> None:
         """What is measured so far, into --json: a run stopped early keeps its figures."""
         if args.json:
             report.write_partial({**results, **(part or {})}, args.json)

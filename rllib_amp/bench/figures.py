@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rllib_amp.bench.harness import in_child, peak_rss_bytes, reset_peak_rss, rss_bytes
 from rllib_amp.bench.workloads import (
     PARITY,
     PARITY_ENV_ID,
     PARITY_MODEL,
+    Batch,
     algo_config,
     build_learner,
     samples_per_update,
     update_fn,
 )
 
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+_T = TypeVar("_T")
 # Untimed rounds of every variant before the timed ones: the first builds lazy state and
 # picks kernels. With one round, the first timed AMP repetitions of PPO full come out
 # markedly slower than the rest; steady state is what a long training run sees.
@@ -39,9 +45,20 @@ def interleaved(variants: Sequence[str], round_no: int) -> list[str]:
     return list(variants) if round_no % 2 == 0 else list(reversed(variants))
 
 
+def interleaved_reps(
+    names: Sequence[str], reps: int, measure: Callable[[str], _T]
+) -> dict[str, list[_T]]:
+    """``measure(name)`` ``reps`` times per name, the names in ``interleaved`` order."""
+    out: dict[str, list[_T]] = {n: [] for n in names}
+    for rep in range(reps):
+        for n in interleaved(names, rep):
+            out[n].append(measure(n))
+    return out
+
+
 # -- figure 1: throughput ---------------------------------------------------------------------
 def bench_throughput(
-    algo: str, model: str, variants: Sequence[str], device: str, data: dict, reps: int
+    algo: str, model: str, variants: Sequence[str], device: str, data: Batch, reps: int
 ) -> dict[str, list[float]]:
     """Samples/s per variant: interleaved repetitions in one process, after warm-up rounds."""
     learners = {v: build_learner(algo, model, v, device, data["spaces"]) for v in variants}
@@ -50,10 +67,7 @@ def bench_throughput(
     for _ in range(WARMUP_ROUNDS):
         for run in runs.values():
             run()  # warm-up: lazy state, allocator, oneDNN / cuDNN kernel choice
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for rep in range(reps):
-        for v in interleaved(variants, rep):
-            times[v].append(runs[v]())
+    times = interleaved_reps(variants, reps, lambda v: runs[v]())
     return {v: [n / t for t in ts] for v, ts in times.items()}
 
 
@@ -62,7 +76,7 @@ def throughput_cell(
 ) -> dict[str, list[float]]:
     """``bench_throughput`` on the batch pickled at ``data_path`` (for ``in_child``)."""
     with open(data_path, "rb") as f:
-        data = pickle.load(f)
+        data: Batch = pickle.load(f)
     return bench_throughput(algo, model, variants, device, data, reps)
 
 
@@ -82,7 +96,7 @@ def memory_one(
     import torch
 
     with open(data_path, "rb") as f:
-        data = pickle.load(f)
+        data: Batch = pickle.load(f)
     # Every variant under glibc's allocator defaults: a heap that keeps freed blocks
     # (rllib_amp.learner.malloc) would make the update's peak look smaller than it is.
     learner = build_learner(
@@ -124,11 +138,11 @@ def bench_end_to_end(
 
 
 def train_interleaved(
-    configs: Mapping[str, Any], iterations: int, warmup: int = WARMUP_ROUNDS
+    configs: Mapping[str, AlgorithmConfig], iterations: int, warmup: int = WARMUP_ROUNDS
 ) -> dict[str, list[float]]:
     """Env steps/s of each config's training iterations after ``warmup`` untimed ones, the
     configs' algorithms built side by side in this process and trained in turns."""
-    algos: dict[str, Any] = {}
+    algos: dict[str, Algorithm] = {}
     variants = list(configs)
     rates: dict[str, list[float]] = {v: [] for v in variants}
     try:

@@ -27,11 +27,24 @@ from __future__ import annotations
 import copy
 import gc
 import time
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
-from rllib_amp.bench.figures import WARMUP_ROUNDS, interleaved
-from rllib_amp.bench.workloads import LR, algo_config
+from rllib_amp.bench.figures import WARMUP_ROUNDS, interleaved_reps
+from rllib_amp.bench.workloads import (
+    LR,
+    Spaces,
+    algo_config,
+    on_cuda,
+    sample_batch,
+    seeded_learner,
+)
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.utils.typing import EpisodeType
+    from torch.utils.hooks import RemovableHandle
 
 
 class FixedCostWorkload(NamedTuple):
@@ -59,7 +72,19 @@ class FixedCostWorkload(NamedTuple):
 FIXED_COST = FixedCostWorkload("CartPole-v1", (8,), 4096, 256, (1, 5))
 
 
-def fixed_cost_config(variant: str, epochs: int, work: FixedCostWorkload = FIXED_COST) -> Any:
+class FixedCostRecord(TypedDict):
+    """One repetition: seconds and counted minibatch steps of the short and the long update."""
+
+    short_s: float
+    short_steps: int
+    long_s: float
+    long_steps: int
+    per_step_s: float
+
+
+def fixed_cost_config(
+    variant: str, epochs: int, work: FixedCostWorkload = FIXED_COST
+) -> AlgorithmConfig:
     """The RLlib config of one variant (``workloads.VARIANTS_CPU`` / ``_GPU``) of the row.
 
     Example:
@@ -83,37 +108,13 @@ def fixed_cost_config(variant: str, epochs: int, work: FixedCostWorkload = FIXED
     return cfg
 
 
-def sample_batch(work: FixedCostWorkload = FIXED_COST) -> tuple[Any, Any]:
-    """(episodes, spaces): one train batch of ``work.batch`` env steps from the env."""
-    import torch
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
-
-    cfg = fixed_cost_config("fp32", 1, work)
-    cfg.debugging(seed=0)
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    runner = SingleAgentEnvRunner(config=cfg)
-    torch.use_deterministic_algorithms(deterministic)  # the seed switched it on
-    try:
-        assert runner.env is not None
-        spaces = {
-            "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
-        }
-        episodes = runner.sample(num_timesteps=work.batch, random_actions=False)
-    finally:
-        runner.stop()
-    return episodes, spaces
-
-
 def build_fixed_cost_learner(
-    variant: str, device: str, spaces: Any, work: FixedCostWorkload = FIXED_COST
-) -> Any:
+    variant: str, device: str, spaces: Spaces, work: FixedCostWorkload = FIXED_COST
+) -> Learner:
     """The learner of one variant, with the same initial weights for every variant."""
-    import torch
-
-    torch.manual_seed(0)
     cfg = fixed_cost_config(variant, 1, work)
     cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)
-    return cfg.build_learner(spaces=spaces)
+    return seeded_learner(cfg, spaces)
 
 
 class StepCounter:
@@ -126,18 +127,18 @@ class StepCounter:
     update, outside the timed part.
     """
 
-    def __init__(self, learner: Any) -> None:
+    def __init__(self, learner: Learner) -> None:
         self._scalers = dict(getattr(learner, "amp_scalers", {}) or {})
         self._calls: dict[int, int] = {}
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
         if not self._scalers:
             for mid, _ in learner.module.items():
                 for _, opt in learner.get_optimizers_for_module(mid):
                     self._calls[id(opt)] = 0
                     self._handles.append(opt.register_step_post_hook(self._hook(id(opt))))
 
-    def _hook(self, key: int) -> Any:
-        def count(*_: Any) -> None:
+    def _hook(self, key: int) -> Callable[..., None]:
+        def count(*_: object) -> None:
             self._calls[key] += 1
 
         return count
@@ -155,7 +156,11 @@ class StepCounter:
 
 
 def timed_update(
-    learner: Any, episodes: Any, epochs: int, work: FixedCostWorkload, steps: StepCounter
+    learner: Learner,
+    episodes: list[EpisodeType],
+    epochs: int,
+    work: FixedCostWorkload,
+    steps: StepCounter,
 ) -> tuple[float, int]:
     """(seconds, minibatch steps) of one ``Learner.update`` over ``epochs`` (the batch copy
     is not timed; ``steps`` is read before and after, outside the timed part).
@@ -167,7 +172,7 @@ def timed_update(
     import torch
 
     eps = copy.deepcopy(episodes)
-    cuda = torch.cuda.is_available() and str(getattr(learner, "_device", "")).startswith("cuda")
+    cuda = on_cuda(learner)
     clock = time.perf_counter if cuda else time.thread_time
     if cuda:
         torch.cuda.synchronize()
@@ -195,7 +200,7 @@ def timed_update(
 
 def bench_fixed_cost(
     variants: Sequence[str], device: str, reps: int, work: FixedCostWorkload = FIXED_COST
-) -> dict[str, list[dict[str, float]]]:
+) -> dict[str, list[FixedCostRecord]]:
     """The raw figures per variant: one record per repetition, variants interleaved in one
     process after warm-up rounds (``timed_update`` says which clock). A record holds the
     seconds and counted minibatch steps of the short and the long update, and ``per_step_s``:
@@ -206,38 +211,39 @@ def bench_fixed_cost(
         {'fp32': [{'short_s': 0.05, 'short_steps': 17, 'long_s': 0.17, 'long_steps': 85,
                    'per_step_s': 0.0018}, ...], 'amp-auto': [...]}
     """
-    episodes, spaces = sample_batch(work)
-    learners = {v: build_fixed_cost_learner(v, device, spaces, work) for v in variants}
+    batch = sample_batch(fixed_cost_config("fp32", 1, work), work.batch)
+    episodes = batch["episodes"]
+    learners = {v: build_fixed_cost_learner(v, device, batch["spaces"], work) for v in variants}
     counters = {v: StepCounter(lrn) for v, lrn in learners.items()}
     short, long = work.epochs
     for _ in range(WARMUP_ROUNDS):
         for v in variants:
             timed_update(learners[v], episodes, long, work, counters[v])
-    out: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    for rep in range(reps):
-        for v in interleaved(variants, rep):
-            t_short, n_short = timed_update(learners[v], episodes, short, work, counters[v])
-            t_long, n_long = timed_update(learners[v], episodes, long, work, counters[v])
-            if n_long <= n_short:
-                raise RuntimeError(
-                    f"fixed cost, {v}: the {long}-epoch update took {n_long} optimizer steps, "
-                    f"the {short}-epoch one {n_short}; nothing to difference"
-                )
-            out[v].append(
-                {
-                    "short_s": t_short,
-                    "short_steps": n_short,
-                    "long_s": t_long,
-                    "long_steps": n_long,
-                    "per_step_s": (t_long - t_short) / (n_long - n_short),
-                }
+
+    def record(v: str) -> FixedCostRecord:
+        t_short, n_short = timed_update(learners[v], episodes, short, work, counters[v])
+        t_long, n_long = timed_update(learners[v], episodes, long, work, counters[v])
+        if n_long <= n_short:
+            raise RuntimeError(
+                f"fixed cost, {v}: the {long}-epoch update took {n_long} optimizer steps, "
+                f"the {short}-epoch one {n_short}; nothing to difference"
             )
+        per_step_s = (t_long - t_short) / (n_long - n_short)
+        return {
+            "short_s": t_short,
+            "short_steps": n_short,
+            "long_s": t_long,
+            "long_steps": n_long,
+            "per_step_s": per_step_s,
+        }
+
+    out = interleaved_reps(variants, reps, record)
     for c in counters.values():
         c.remove()
     return out
 
 
-def per_step_seconds(records: Sequence[Any]) -> list[float]:
+def per_step_seconds(records: Sequence[FixedCostRecord | float]) -> list[float]:
     """Seconds per minibatch step of each repetition; a bare number is taken as that (the
     JSON of runs before the raw records were kept).
 
@@ -245,12 +251,12 @@ def per_step_seconds(records: Sequence[Any]) -> list[float]:
         >>> per_step_seconds([0.002, {"per_step_s": 0.003}])
         [0.002, 0.003]
     """
-    return [float(r["per_step_s"]) if isinstance(r, dict) else float(r) for r in records]
+    return [float(r) if isinstance(r, (int, float)) else float(r["per_step_s"]) for r in records]
 
 
 def fixed_cost_cell(
     variants: Sequence[str], device: str, reps: int
-) -> dict[str, list[dict[str, float]]]:
+) -> dict[str, list[FixedCostRecord]]:
     """``bench_fixed_cost`` for ``in_child``, on one torch thread: the row measures the
     per-step overhead, not arithmetic, and on shared cores a second thread only adds waits at
     each op's thread barrier."""

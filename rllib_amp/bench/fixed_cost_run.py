@@ -25,12 +25,13 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 from rllib_amp.bench import fixed_cost
+from rllib_amp.bench.fixed_cost import FixedCostRecord
 from rllib_amp.bench.harness import in_child
-from rllib_amp.bench.report import check_outputs, machine_description
+from rllib_amp.bench.report import check_outputs, machine_description, markdown_table
 from rllib_amp.bench.workloads import VARIANTS_CPU, VARIANTS_GPU
 from rllib_amp.cli import UsageError, main_wrapper
 
@@ -38,7 +39,24 @@ PROG = "python -m rllib_amp.bench.fixed_cost_run"
 NAMES = {"fp32": "fp32 (stock RLlib)", "rllib-scaler": "RLlib scaler hook"}
 
 
-def _ms(records: Sequence[Any]) -> list[float]:
+class Run(TypedDict):
+    fixed_cost: Mapping[str, Sequence[FixedCostRecord | float]]
+    load_average_1min: list[float]
+    wall_s: float
+
+
+class RunsFile(TypedDict, total=False):
+    """What ``--json`` receives (docs/bench/fixed_cost.json)."""
+
+    date: str
+    machine: str
+    command: str
+    workload: str
+    clock: str
+    runs: list[Run]
+
+
+def _ms(records: Sequence[FixedCostRecord | float]) -> list[float]:
     return [1000 * t for t in fixed_cost.per_step_seconds(records)]
 
 
@@ -49,23 +67,23 @@ def _cell(ms: list[float], ref: list[float] | None) -> str:
     return cell
 
 
-def table(data: dict[str, Any]) -> str:
+def table(data: RunsFile) -> str:
     """Markdown: one column per run and, with more than one run, one for all repetitions
     pooled; per variant the median ms per step (min-max), and the ratio of medians to stock
     float32."""
     runs = [r["fixed_cost"] for r in data["runs"]]
-    heads = [f"run {i + 1}" for i in range(len(runs))]
+    heads = ["variant", *(f"run {i + 1}" for i in range(len(runs)))]
     if len(runs) > 1:
         heads.append(f"all {len(runs)} runs")
-    lines = ["| variant | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    rows = []
     for v in runs[0]:
         cols = [(_ms(run[v]), _ms(run["fp32"]) if v != "fp32" else None) for run in runs]
         if len(runs) > 1:
             pooled = [x for ms, _ in cols for x in ms]
             ref = [x for run in runs for x in _ms(run["fp32"])] if v != "fp32" else None
             cols.append((pooled, ref))
-        lines.append(f"| {NAMES.get(v, v)} | " + " | ".join(_cell(*c) for c in cols) + " |")
-    return "\n".join(lines)
+        rows.append([NAMES.get(v, v), *(_cell(*c) for c in cols)])
+    return markdown_table(heads, rows)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -90,7 +108,7 @@ def _run(argv: Sequence[str] | None) -> int:
             raise UsageError(f"{flag}: got {n}; must be >= 1")
     check_outputs(args.json, None)
     variants = VARIANTS_GPU if args.device == "cuda" else VARIANTS_CPU
-    data: dict[str, Any] = {
+    data: RunsFile = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_description(args.device),
         "command": " ".join([PROG, *(argv if argv is not None else sys.argv[1:])]),

@@ -9,15 +9,20 @@ Example:
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.queues
 import os
 import queue as queue_mod
 import resource
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeAlias, TypeVar, cast
 
 CHILD_TIMEOUT_S = 1800
+_T = TypeVar("_T")
+# What a child puts on its queue: ("ok", the value) or ("error", its line), and the keys of
+# the once-only messages it has shown.
+_Reply: TypeAlias = "multiprocessing.queues.Queue[tuple[str, object, set[str]]]"
 
 
 def shown_once_keys() -> set[str]:
@@ -41,7 +46,9 @@ def adopt_once_keys(keys: set[str]) -> None:
         registry.update(keys)
 
 
-def _child_entry(fn: Callable[..., Any], args: tuple, shown: set[str], queue: Any) -> None:
+def _child_entry(
+    fn: Callable[..., object], args: tuple[object, ...], shown: set[str], queue: _Reply
+) -> None:
     try:
         import torch
 
@@ -54,7 +61,7 @@ def _child_entry(fn: Callable[..., Any], args: tuple, shown: set[str], queue: An
         queue.put(("error", f"{type(e).__name__}: {e}", shown_once_keys()))
 
 
-def in_child(fn: Callable[..., Any], *args: Any, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
+def in_child(fn: Callable[..., _T], *args: object, timeout_s: float = CHILD_TIMEOUT_S) -> _T:
     """``fn(*args)`` in a fresh (spawned) process: no heap, caches or Ray state from the
     figures before it: in one long process the end-to-end AMP figure comes out lower (see
     docs/benchmark.md).
@@ -64,7 +71,7 @@ def in_child(fn: Callable[..., Any], *args: Any, timeout_s: float = CHILD_TIMEOU
     not once per child.
     """
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    queue: _Reply = ctx.Queue()
     proc = ctx.Process(target=_child_entry, args=(fn, args, shown_once_keys(), queue))
     proc.start()
     deadline = time.monotonic() + timeout_s
@@ -90,7 +97,7 @@ def in_child(fn: Callable[..., Any], *args: Any, timeout_s: float = CHILD_TIMEOU
     adopt_once_keys(shown)
     if status != "ok":
         raise RuntimeError(f"{fn.__name__}{args}: {value}")
-    return value
+    return cast(_T, value)
 
 
 def rss_bytes() -> int:

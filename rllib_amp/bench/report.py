@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import platform
 import statistics
 import tempfile
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple, TypedDict
 
 from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
-from rllib_amp.bench.fixed_cost import FIXED_COST, per_step_seconds
+from rllib_amp.bench.fixed_cost import FIXED_COST, FixedCostRecord, per_step_seconds
 from rllib_amp.bench.workloads import STOCK
 from rllib_amp.cli import UsageError
 from rllib_amp.learner.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpuinfo
@@ -26,6 +27,46 @@ from rllib_amp.learner.precision import BF16_CPU_FLAGS, bf16_cpu_flags, read_cpu
 # What ``--out`` receives.
 PARQUET_NAME = "results.parquet"
 PLOT_NAME = "ratios.png"
+
+# variant -> the figure's repetitions
+PerVariant = dict[str, list[float]]
+
+
+class Results(TypedDict, total=False):
+    """What a run measured, per figure (the ``raw`` of the JSON file); workload keys such as
+    "PPO full", variants as in ``workloads``."""
+
+    throughput: dict[str, PerVariant]  # samples/s
+    memory: dict[str, dict[str, float]]  # bytes
+    fixed_cost: Mapping[str, Sequence[FixedCostRecord | float]]
+    end_to_end: PerVariant  # env steps/s
+    sampling: PerVariant  # env steps/s per Atari path
+    end_to_end_paths: dict[str, PerVariant]  # algorithm -> env steps/s
+    replay_bytes: dict[str, dict[str, float]]
+    memory_paths: dict[str, dict[str, float]]  # bytes
+    parity: dict[str, PerVariant]  # algorithm -> return per seed
+
+
+class Row(TypedDict, total=False):
+    """One (figure, workload, variant) of the table; ``low``/``high`` only with a spread."""
+
+    figure: str
+    workload: str
+    variant: str
+    value: float
+    unit: str
+    ratio_to_fp32: float
+    better_is: str
+    reference: str
+    low: float
+    high: float
+
+
+class TargetRow(TypedDict):
+    target: str
+    ratio: float
+    required: str
+    met: bool | None
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -63,24 +104,32 @@ def machine_description(device: str) -> str:
 
 
 # -- rows and the table -----------------------------------------------------------------------
-def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
+def _medians(per: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    return {v: _median(x) for v, x in per.items()}
+
+
+def _mib(per: Mapping[str, float]) -> dict[str, float]:
+    return {v: x / 2**20 for v, x in per.items()}
+
+
+def rows_from(results: Results) -> list[Row]:
     """Flat rows: one per (figure, workload, variant), with the ratio to the figure's stock
     RLlib float32 variant (``reference``: ``fp32``, or ``fp32 wrappers`` in the Atari-path
     figures, ``wrappers`` in the sampling one)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
 
     def add(
         figure: str,
         workload: str,
         unit: str,
-        per_variant: dict[str, float],
+        per_variant: Mapping[str, float],
         higher: bool,
         reference: str = "fp32",
-        spread: dict[str, tuple[float, float]] | None = None,
-    ):
+        spread: Mapping[str, tuple[float, float]] | None = None,
+    ) -> None:
         ref = per_variant.get(reference)
         for v, value in per_variant.items():
-            row = {
+            row: Row = {
                 "figure": figure,
                 "workload": workload,
                 "variant": v,
@@ -94,169 +143,144 @@ def rows_from(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row["low"], row["high"] = spread[v]
             rows.append(row)
 
+    steps = "env steps/s"
     for key, per in results.get("throughput", {}).items():
-        add("learner update", key, "samples/s", {v: _median(x) for v, x in per.items()}, True)
-    for key, per in results.get("memory", {}).items():
-        add("peak memory of update", key, "MiB", {v: x / 2**20 for v, x in per.items()}, False)
+        add("learner update", key, "samples/s", _medians(per), True)
+    for key, mem in results.get("memory", {}).items():
+        add("peak memory of update", key, "MiB", _mib(mem), False)
     if results.get("fixed_cost"):
-        per = {v: [1000 * t for t in per_step_seconds(r)] for v, r in results["fixed_cost"].items()}
-        add(
-            "fixed cost per minibatch step",
-            f"{FIXED_COST.label()}, 1 thread",
-            "ms",
-            {v: _median(ms) for v, ms in per.items()},
-            False,
-            spread={v: (min(ms), max(ms)) for v, ms in per.items() if ms},
-        )
+        ms = {v: [1000 * t for t in per_step_seconds(r)] for v, r in results["fixed_cost"].items()}
+        spread = {v: (min(x), max(x)) for v, x in ms.items() if x}
+        workload = f"{FIXED_COST.label()}, 1 thread"
+        add("fixed cost per minibatch step", workload, "ms", _medians(ms), False, spread=spread)
     if results.get("end_to_end"):
-        add(
-            "end to end",
-            "PPO ALE/Pong-v5 full",
-            "env steps/s",
-            {v: _median(x) for v, x in results["end_to_end"].items()},
-            True,
-        )
+        add("end to end", "PPO ALE/Pong-v5 full", steps, _medians(results["end_to_end"]), True)
     if results.get("sampling"):
-        add(
-            "sampling, one EnvRunner",
-            f"ALE/Pong-v5, {E2E_ENVS_PER_RUNNER} envs, inference included",
-            "env steps/s",
-            {v: _median(x) for v, x in results["sampling"].items()},
-            True,
-            "wrappers",
-        )
+        workload = f"ALE/Pong-v5, {E2E_ENVS_PER_RUNNER} envs, inference included"
+        sampling = _medians(results["sampling"])
+        add("sampling, one EnvRunner", workload, steps, sampling, True, "wrappers")
     for algo, per in results.get("end_to_end_paths", {}).items():
         add(
-            "end to end, Atari paths",
-            f"{algo} ALE/Pong-v5 full",
-            "env steps/s",
-            {v: _median(x) for v, x in per.items()},
-            True,
-            STOCK,
+            "end to end, Atari paths", f"{algo} ALE/Pong-v5 full", steps, _medians(per), True, STOCK
         )
-    if results.get("replay_bytes"):
-        per = results["replay_bytes"]
-        for part in ("all", "observations"):
-            add(
-                "DQN replay bytes per transition",
-                f"ALE/Pong-v5, {part}",
-                "bytes",
-                {v: x[part] for v, x in per.items()},
-                False,
-                STOCK,
-            )
-    for key, per in results.get("memory_paths", {}).items():
+    for part in ("all", "observations") if "replay_bytes" in results else ():
+        replay = {v: x[part] for v, x in results["replay_bytes"].items()}
         add(
-            "peak memory of update, Atari paths",
-            key,
-            "MiB",
-            {v: x / 2**20 for v, x in per.items()},
-            False,
-            STOCK,
+            "DQN replay bytes per transition", f"ALE/Pong-v5, {part}", "bytes", replay, False, STOCK
         )
+    for key, mem in results.get("memory_paths", {}).items():
+        add("peak memory of update, Atari paths", key, "MiB", _mib(mem), False, STOCK)
     for algo, per in results.get("parity", {}).items():
-        add(
-            "learning parity",
-            f"{algo} CartPole-v1 return (mean of {len(next(iter(per.values())))} seeds)",
-            "return",
-            {v: statistics.fmean(x) for v, x in per.items()},
-            True,
-        )
+        seeds = len(next(iter(per.values())))
+        workload = f"{algo} CartPole-v1 return (mean of {seeds} seeds)"
+        means = {v: statistics.fmean(x) for v, x in per.items()}
+        add("learning parity", workload, "return", means, True)
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], header: str) -> str:
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A markdown table: a header row, then ``rows``."""
+    lines = [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
+    return "\n".join([*lines, *(f"| {' | '.join(r)} |" for r in rows)])
+
+
+def _shown(x: float, spec: str, suffix: str = "") -> str:
+    return f"{x:{spec}}{suffix}" if math.isfinite(x) else "-"
+
+
+def _value(r: Row) -> str:
+    """A row's value with its unit and spread, in the unit's digits."""
+    spec = ",.2f" if r["unit"] == "ms" else ",.1f"
+    shown = _shown(r["value"], spec, f" {r['unit']}")
+    if "low" in r and shown != "-":
+        shown += f" ({r['low']:{spec}}-{r['high']:{spec}})"
+    return shown
+
+
+def markdown(rows: Sequence[Row], header: str) -> str:
     """The rows as a markdown table under ``header``."""
-    lines = [
-        header,
-        "",
-        "| figure | workload | variant | value | x stock fp32 |",
-        "|---|---|---|---|---|",
+    head = ("figure", "workload", "variant", "value", "x stock fp32")
+    cells = [
+        (
+            r["figure"],
+            r["workload"],
+            r["variant"],
+            _value(r),
+            _shown(r["ratio_to_fp32"], ".2f", "x"),
+        )
+        for r in rows
     ]
-    for r in rows:
-        value = r["value"]
-        digits = 2 if r["unit"] == "ms" else 1
-        shown = f"{value:,.{digits}f} {r['unit']}" if math.isfinite(value) else "-"
-        if "low" in r and math.isfinite(value):
-            shown += f" ({r['low']:,.{digits}f}-{r['high']:,.{digits}f})"
-        ratio = f"{r['ratio_to_fp32']:.2f}x" if math.isfinite(r["ratio_to_fp32"]) else "-"
-        lines.append(f"| {r['figure']} | {r['workload']} | {r['variant']} | {shown} | {ratio} |")
-    return "\n".join(lines)
+    return f"{header}\n\n{markdown_table(head, cells)}"
 
 
 # -- targets ----------------------------------------------------------------------------------
+_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+
+
 class Target(NamedTuple):
-    """One of the Atari path's targets: ``measured`` (a ratio of two figures of one run) against
-    ``bound``; ``at_most``: the ratio must be <= bound (< when ``strict``), else >=."""
+    """One of the Atari path's targets: ``measured`` (a ratio of two figures of one run)
+    must be ``op`` (one of ``_OPS``) ``bound``."""
 
     name: str
-    measured: Callable[[dict[str, Any]], float]
+    measured: Callable[[Results], float]
+    op: str
     bound: float
-    at_most: bool
-    strict: bool = False
 
-    def check(self, results: dict[str, Any]) -> dict[str, Any]:
+    def check(self, results: Results) -> TargetRow:
         """The target's row: the measured ratio and whether it is met (None: not measured)."""
         try:
             ratio = float(self.measured(results))
         except (KeyError, TypeError, ZeroDivisionError):
             ratio = math.nan
-        if not math.isfinite(ratio):
-            met = None
-        elif self.at_most:
-            met = ratio < self.bound if self.strict else ratio <= self.bound
-        else:
-            met = ratio > self.bound if self.strict else ratio >= self.bound
-        op = ("<" if self.strict else "<=") if self.at_most else (">" if self.strict else ">=")
+        met = _OPS[self.op](ratio, self.bound) if math.isfinite(ratio) else None
         return {
             "target": self.name,
             "ratio": ratio,
-            "required": f"{op} {self.bound:.3g}",
+            "required": f"{self.op} {self.bound:.3g}",
             "met": met,
         }
 
 
-def _med_ratio(section: str, num: str, den: str, algo: str | None = None) -> Callable:
-    def ratio(results: dict[str, Any]) -> float:
-        per = results[section] if algo is None else results[section][algo]
-        return _median(per[num]) / _median(per[den])
-
-    return ratio
+def _ratio(num: Sequence[float], den: Sequence[float]) -> float:
+    return _median(num) / _median(den)
 
 
 TARGETS: tuple[Target, ...] = (
     Target(
         "sampling, native (batched sampler) / wrappers env steps/s",
-        _med_ratio("sampling", "native", "wrappers"),
+        lambda r: _ratio(r["sampling"]["native"], r["sampling"]["wrappers"]),
+        ">=",
         3.0,
-        at_most=False,
     ),
     Target(
         "end-to-end PPO Pong, amp native / stock fp32 wrappers env steps/s",
-        _med_ratio("end_to_end_paths", "amp native", STOCK, "PPO"),
+        lambda r: _ratio(
+            r["end_to_end_paths"]["PPO"]["amp native"], r["end_to_end_paths"]["PPO"][STOCK]
+        ),
+        ">=",
         2.5,
-        at_most=False,
     ),
     Target(
         "end-to-end APPO Pong, amp native / stock fp32 wrappers env steps/s",
-        _med_ratio("end_to_end_paths", "amp native", STOCK, "APPO"),
+        lambda r: _ratio(
+            r["end_to_end_paths"]["APPO"]["amp native"], r["end_to_end_paths"]["APPO"][STOCK]
+        ),
+        ">=",
         2.0,
-        at_most=False,
     ),
     Target(
         "fixed cost per minibatch step, amp-auto / stock fp32 ms",
-        lambda r: (
-            _median(per_step_seconds(r["fixed_cost"]["amp-auto"]))
-            / _median(per_step_seconds(r["fixed_cost"]["fp32"]))
+        lambda r: _ratio(
+            per_step_seconds(r["fixed_cost"]["amp-auto"]), per_step_seconds(r["fixed_cost"]["fp32"])
         ),
+        "<=",
         1.0,
-        at_most=True,
     ),
     Target(
         "DQN replay bytes per transition, uint8 / float32",
         lambda r: r["replay_bytes"]["fp32 native"]["all"] / r["replay_bytes"][STOCK]["all"],
+        "<=",
         1 / 3.5,
-        at_most=True,
     ),
     Target(
         # "Today's AMP figure": AMP's update on float32 observations, as before the native
@@ -266,14 +290,13 @@ TARGETS: tuple[Target, ...] = (
             r["memory_paths"]["PPO full"]["amp native"]
             / r["memory_paths"]["PPO full"]["amp wrappers"]
         ),
+        "<",
         1.0,
-        at_most=True,
-        strict=True,
     ),
 )
 
 
-def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(results: Results) -> list[TargetRow]:
     """Each of ``TARGETS`` with its ratio measured in ``results`` and met / not met.
 
     Example:
@@ -283,14 +306,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [t.check(results) for t in TARGETS]
 
 
-def markdown_targets(rows: list[dict[str, Any]]) -> str:
+def markdown_targets(rows: Sequence[TargetRow]) -> str:
     """The target rows as a markdown table."""
-    lines = ["| target | measured ratio | required | met |", "|---|---|---|---|"]
-    for t in rows:
-        ratio = f"{t['ratio']:.3f}" if math.isfinite(t["ratio"]) else "-"
-        met = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
-        lines.append(f"| {t['target']} | {ratio} | {t['required']} | {met} |")
-    return "\n".join(lines)
+    met = {True: "met", False: "NOT MET", None: "not measured"}
+    cells = [(t["target"], _shown(t["ratio"], ".3f"), t["required"], met[t["met"]]) for t in rows]
+    return markdown_table(("target", "measured ratio", "required", "met"), cells)
 
 
 # -- output files -----------------------------------------------------------------------------
@@ -358,7 +378,7 @@ def check_outputs(json_path: str | None, out_dir: str | None) -> None:
             raise UsageError(f"--out: {target} is a folder; remove it or pass another --out")
 
 
-def write_partial(results: dict, json_path: str) -> None:
+def write_partial(results: Results, json_path: str) -> None:
     """The figures measured so far as ``{"partial": true, "raw": ...}``, replaced atomically;
     the finished run's ``write_outputs`` overwrites it."""
     tmp = f"{json_path}.tmp"
@@ -368,7 +388,7 @@ def write_partial(results: dict, json_path: str) -> None:
 
 
 def write_outputs(
-    rows: list[dict[str, Any]], results: dict, json_path: str | None, out_dir: str | None
+    rows: list[Row], results: Results, json_path: str | None, out_dir: str | None
 ) -> None:
     """Writes the JSON file and the ``--out`` folder's parquet table and ratio plot."""
     if json_path:

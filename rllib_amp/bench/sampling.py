@@ -7,7 +7,7 @@ each in a fresh process, interleaved, and reports median and spread;
 ``python -m rllib_amp.bench.sampling`` prints them.
 
 Example:
-    >>> cfg = sampling_config(WRAPPERS, num_envs=2)
+    >>> cfg = sampling_config("wrappers", num_envs=2)
     >>> cfg.num_envs_per_env_runner
     2
 """
@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_amp.algorithms import algorithm as algorithm_record
 from rllib_amp.envs import configure as envs
@@ -31,19 +31,10 @@ from rllib_amp.envs.atari import (
     RLLIB,
     SAMPLER_KEY,
     SAMPLERS,
-    WRAPPERS,
 )
 
-__all__ = [
-    "BATCHED",
-    "NATIVE",
-    "RLLIB",
-    "WRAPPERS",
-    "SamplingThroughput",
-    "compare_samplers",
-    "measure_sampling",
-    "sampling_config",
-]
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 
 def sampling_config(
@@ -54,9 +45,9 @@ def sampling_config(
     model: str = "mini",
     algorithm: str = "PPO",
     num_cpus: int = 2,
-    env_config: Mapping[str, Any] | None = None,
+    env_config: Mapping[str, object] | None = None,
     sampler: str | None = None,
-) -> Any:
+) -> AlgorithmConfig:
     """A config for one local EnvRunner with ``num_cpus`` CPUs sampling ``env_id``.
 
     ``preprocessing``: the Atari path (``native`` or ``wrappers``). The native env gets one
@@ -64,7 +55,7 @@ def sampling_config(
     default) or ``rllib``. Add ``with_amp`` for autocast inference.
 
     Example:
-        >>> cfg = sampling_config(WRAPPERS, num_envs=2)
+        >>> cfg = sampling_config("wrappers", num_envs=2)
         >>> cfg.num_envs_per_env_runner, cfg.gym_env_vectorize_mode
         (2, 'sync')
     """
@@ -102,7 +93,7 @@ class SamplingThroughput:
 
 
 def measure_sampling(
-    config: Any,
+    config: AlgorithmConfig,
     *,
     env_steps: int = 4096,
     warmup_steps: int = 512,
@@ -140,20 +131,19 @@ def measure_sampling(
 
 
 # -- batched vs RLlib's loop ------------------------------------------------------------------
-def sampler_one(
-    sampler: str,
+def sampling_one(
+    preprocessing: str,
     num_envs: int,
     env_steps: int,
     model: str,
-    num_cpus: int,
+    sampler: str | None = None,
+    num_cpus: int = 2,
     torch_threads: int | None = None,
 ) -> tuple[float, float]:
-    """(env steps/s, env steps per CPU-second) of one native EnvRunner on ``sampler``.
-
-    A picklable job for ``in_child``.
-    """
+    """(env steps/s, env steps per CPU-second) of one EnvRunner on the Atari path
+    ``preprocessing`` (``sampler``: native only). A picklable job for ``in_child``."""
     cfg = sampling_config(
-        NATIVE, num_envs=num_envs, model=model, num_cpus=num_cpus, sampler=sampler
+        preprocessing, num_envs=num_envs, model=model, num_cpus=num_cpus, sampler=sampler
     )
     r = measure_sampling(
         cfg, env_steps=env_steps, warmup_steps=min(512, env_steps), torch_threads=torch_threads
@@ -197,19 +187,18 @@ def compare_samplers(
         >>> sorted(runs["batched"])  # doctest: +SKIP
         ['steps_per_cpu_s', 'steps_per_s']
     """
-    from rllib_amp.bench.figures import interleaved
+    from rllib_amp.bench.figures import interleaved_reps
     from rllib_amp.bench.harness import in_child
 
-    out: dict[str, dict[str, list[float]]] = {
-        s: {"steps_per_s": [], "steps_per_cpu_s": []} for s in samplers
+    def run(sampler: str) -> tuple[float, float]:
+        args = (NATIVE, num_envs, env_steps, model, sampler, num_cpus, torch_threads)
+        return in_child(sampling_one, *args) if fresh else sampling_one(*args)
+
+    runs = interleaved_reps(samplers, reps, run)
+    return {
+        s: {"steps_per_s": [w for w, _ in r], "steps_per_cpu_s": [c for _, c in r]}
+        for s, r in runs.items()
     }
-    for rep in range(reps):
-        for sampler in interleaved(samplers, rep):
-            args = (sampler, num_envs, env_steps, model, num_cpus, torch_threads)
-            wall, cpu = in_child(sampler_one, *args) if fresh else sampler_one(*args)
-            out[sampler]["steps_per_s"].append(float(wall))
-            out[sampler]["steps_per_cpu_s"].append(float(cpu))
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -300,7 +289,7 @@ def overlap_one(
     def act(obs: np.ndarray) -> np.ndarray:
         images = torch.from_numpy(obs).permute(0, 2, 3, 1).contiguous()
         logits = module.forward_exploration({"obs": images}, t=0)["action_dist_inputs"]
-        return dist_cls.from_logits(logits).sample().numpy()
+        return np.asarray(dist_cls.from_logits(logits).sample())
 
     groups = 1 if mode == "sync" else 2
     size = num_envs // groups

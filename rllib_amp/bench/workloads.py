@@ -15,10 +15,27 @@ import functools
 import pickle
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypedDict, TypeVar
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.envs.atari import NATIVE, PREPROCESSING_KEY, WRAPPERS
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.utils.typing import EpisodeType
+
+# Module id -> (observation space, action space), as ``AlgorithmConfig.build_learner`` takes.
+Spaces: TypeAlias = "dict[str, tuple[gym.Space, gym.Space]]"
+
+
+class Batch(TypedDict):
+    """One fixed training batch (``sample_batch``), as ``collect_data`` pickles it."""
+
+    episodes: list[EpisodeType]
+    spaces: Spaces
+
 
 VARIANTS_CPU = ("fp32", "rllib-scaler", "amp-auto")
 VARIANTS_GPU = ("fp32", "rllib-scaler", "amp-auto", "amp-fp16", "amp-bf16")
@@ -67,20 +84,11 @@ class Workload(NamedTuple):
     epochs: int
     on_policy: bool
 
-    def training(self, device: str) -> dict[str, Any]:
+    def training(self, device: str) -> dict[str, object]:
         """``AlgorithmConfig.training`` keywords of this workload on ``device``."""
-        out: dict[str, Any] = {"train_batch_size_per_learner": self.batch[device], "lr": LR}
+        out: dict[str, object] = {"train_batch_size_per_learner": self.batch[device], "lr": LR}
         if self.minibatch is not None:
             out.update(minibatch_size=self.minibatch, num_epochs=self.epochs)
-        return out
-
-    def update_kwargs(self) -> dict[str, Any]:
-        """``Learner.update`` keywords of one timed update."""
-        out: dict[str, Any] = {"timesteps": {"num_env_steps_sampled_lifetime": 10_000}}
-        if self.minibatch is not None:
-            out.update(
-                minibatch_size=self.minibatch, num_epochs=self.epochs, shuffle_batch_per_epoch=True
-            )
         return out
 
 
@@ -89,10 +97,13 @@ class ParityRun(NamedTuple):
 
     algorithm: str
     env_steps: int
-    training: Mapping[str, Any]
+    training: Mapping[str, object]
 
 
-def _by_name(items: tuple[Any, ...]) -> dict[str, Any]:
+_Entry = TypeVar("_Entry", Workload, ParityRun)
+
+
+def _by_name(items: tuple[_Entry, ...]) -> dict[str, _Entry]:
     for item in items:
         # algorithm() raises a ValueError naming the registry's algorithms.
         record = algorithm(item.algorithm)
@@ -147,11 +158,11 @@ def algo_config(
     device: str,
     *,
     env: str = ENV_ID,
-    training: Mapping[str, Any] | None = None,
+    training: Mapping[str, object] | None = None,
     seed: int | None = None,
     tune_malloc: bool = True,
     preprocessing: str | None = None,
-) -> Any:
+) -> AlgorithmConfig:
     """The RLlib config of one benchmark cell.
 
     ``training`` defaults to the algorithm's ``WORKLOADS`` entry. No seed by default: RLlib's
@@ -180,7 +191,11 @@ def algo_config(
     cfg.env_runners(num_env_runners=0)
     cfg.rl_module(model_config=models.model_config(model, image=envs.is_atari(env)))
     cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)
-    cfg.training(**(WORKLOADS[algo].training(device) if training is None else training))
+    # RLlib's keywords, each typed in its signature: the workloads' values are checked there.
+    kwargs: dict[str, Any] = dict(
+        WORKLOADS[algo].training(device) if training is None else training
+    )
+    cfg.training(**kwargs)
     if seed is not None:
         cfg.debugging(seed=seed)
     if variant == "rllib-scaler":
@@ -192,39 +207,56 @@ def algo_config(
     return cfg
 
 
-def collect_data(algo: str, device: str, path: str, preprocessing: str | None = None) -> None:
-    """Samples one fixed training batch (as episodes) from Pong and pickles it to ``path``.
-
-    ``preprocessing``: the Atari path (see ``algo_config``); its observations are what the
-    batch holds (uint8 on the native path, float32 on the wrappers).
-    """
+def sample_batch(cfg: AlgorithmConfig, env_steps: int, *, on_policy: bool = True) -> Batch:
+    """A batch of ``env_steps`` env steps from a seeded local EnvRunner of ``cfg``: sampled by
+    the policy (``on_policy``), or drawn from a replay buffer filled with random actions."""
     import torch
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+    from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
 
-    work = WORKLOADS[algo]
-    batch = work.batch[device]
-    cfg = algo_config(algo, "mini", "fp32", device, seed=0, preprocessing=preprocessing)
+    cfg.debugging(seed=0)
     deterministic = torch.are_deterministic_algorithms_enabled()
     runner = SingleAgentEnvRunner(config=cfg)
     # The seeded runner switched torch's deterministic mode on for the whole process.
     torch.use_deterministic_algorithms(deterministic)
-    assert runner.env is not None
-    spaces = {
-        "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
-    }
-    if work.on_policy:
-        episodes = runner.sample(num_timesteps=batch, random_actions=False)
-    else:
-        from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
+    try:
+        assert runner.env is not None
+        spaces = {
+            "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
+        }
+        episodes: list[EpisodeType]
+        if on_policy:
+            episodes = list(runner.sample(num_timesteps=env_steps, random_actions=False))
+        else:
+            buffer = EpisodeReplayBuffer(capacity=10 * env_steps)
+            buffer.add(runner.sample(num_timesteps=2 * env_steps, random_actions=True))
+            episodes = buffer.sample(  # type: ignore[assignment]
+                num_items=env_steps, n_step=1, gamma=0.99, sample_episodes=True
+            )
+    finally:
+        runner.stop()
+    return {"episodes": episodes, "spaces": spaces}
 
-        buffer = EpisodeReplayBuffer(capacity=10 * batch)
-        buffer.add(runner.sample(num_timesteps=2 * batch, random_actions=True))
-        episodes = buffer.sample(  # type: ignore[assignment]
-            num_items=batch, n_step=1, gamma=0.99, sample_episodes=True
-        )
-    runner.stop()
+
+def collect_data(algo: str, device: str, path: str, preprocessing: str | None = None) -> None:
+    """Samples one fixed training batch (``sample_batch``) from Pong and pickles it to ``path``.
+
+    ``preprocessing``: the Atari path (see ``algo_config``); its observations are what the
+    batch holds (uint8 on the native path, float32 on the wrappers).
+    """
+    work = WORKLOADS[algo]
+    cfg = algo_config(algo, "mini", "fp32", device, preprocessing=preprocessing)
+    batch = sample_batch(cfg, work.batch[device], on_policy=work.on_policy)
     with open(path, "wb") as f:
-        pickle.dump({"episodes": episodes, "spaces": spaces}, f)
+        pickle.dump(batch, f)
+
+
+def seeded_learner(cfg: AlgorithmConfig, spaces: Spaces) -> Learner:
+    """The learner of ``cfg``, with the same initial weights for every variant."""
+    import torch
+
+    torch.manual_seed(0)
+    return cfg.build_learner(spaces=spaces)
 
 
 def build_learner(
@@ -232,43 +264,46 @@ def build_learner(
     model: str,
     variant: str,
     device: str,
-    spaces: Any,
+    spaces: Spaces,
     *,
     tune_malloc: bool = True,
     preprocessing: str | None = None,
-) -> Any:
-    """The learner of one cell, with the same initial weights for every variant."""
-    import torch
-
-    torch.manual_seed(0)
+) -> Learner:
+    """The learner of one cell (``seeded_learner``)."""
     cfg = algo_config(
         algo, model, variant, device, tune_malloc=tune_malloc, preprocessing=preprocessing
     )
-    return cfg.build_learner(spaces=spaces)
+    return seeded_learner(cfg, spaces)
 
 
-def update_fn(algo: str, learner: Any, episodes: Any) -> Callable[[], float]:
+def on_cuda(learner: Learner) -> bool:
+    return str(learner.device).startswith("cuda")
+
+
+def update_fn(algo: str, learner: Learner, episodes: list[EpisodeType]) -> Callable[[], float]:
     """One timed learner update on a fresh copy of the batch (the copy is not timed)."""
-    kwargs = WORKLOADS[algo].update_kwargs()
+    import torch
+
+    work = WORKLOADS[algo]
+    sync = torch.cuda.synchronize if on_cuda(learner) else lambda: None
 
     def run() -> float:
         eps = copy.deepcopy(episodes)
-        _sync(learner)
+        sync()
         t = time.perf_counter()
-        learner.update(episodes=eps, **kwargs)
-        _sync(learner)
+        learner.update(
+            episodes=eps,
+            timesteps={"num_env_steps_sampled_lifetime": 10_000},
+            minibatch_size=work.minibatch,
+            num_epochs=work.epochs,
+            shuffle_batch_per_epoch=work.minibatch is not None,
+        )
+        sync()
         return time.perf_counter() - t
 
     return run
 
 
-def _sync(learner: Any) -> None:
-    import torch
-
-    if torch.cuda.is_available() and str(getattr(learner, "_device", "cpu")).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def samples_per_update(algo: str, episodes: Any) -> int:
+def samples_per_update(algo: str, episodes: list[EpisodeType]) -> int:
     """Samples one update trains on: the batch's env steps times the epochs over it."""
     return sum(len(e) for e in episodes) * WORKLOADS[algo].epochs

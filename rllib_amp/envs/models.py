@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 
-def _nature_cnn(narrow: int, wide: int, hidden: int) -> dict[str, Any]:
+def _nature_cnn(narrow: int, wide: int, hidden: int) -> dict[str, object]:
     """The Nature CNN's shape at other widths: 8x8/4, 4x4/2, 3x3/1 convs, one hidden layer.
 
     conv_filters: [out_channels, kernel, stride, padding]; "valid" padding as in the Nature
@@ -41,12 +42,12 @@ def _nature_cnn(narrow: int, wide: int, hidden: int) -> dict[str, Any]:
 
 
 # RLlib DefaultModelConfig settings per preset.
-IMAGE_PRESETS: dict[str, dict[str, Any]] = {
+IMAGE_PRESETS: dict[str, dict[str, object]] = {
     "mini": _nature_cnn(16, 32, 128),  # ~0.45M parameters
     "full": _nature_cnn(32, 64, 512),  # Mnih et al. 2015 (the "Nature CNN"), ~3.3M parameters
     "high": _nature_cnn(64, 128, 768),  # ~10M parameters
 }
-VECTOR_PRESETS: dict[str, dict[str, Any]] = {
+VECTOR_PRESETS: dict[str, dict[str, object]] = {
     "mini": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
     "full": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"},
     "high": {"fcnet_hiddens": [1024, 1024, 1024], "fcnet_activation": "relu"},
@@ -55,8 +56,8 @@ PRESETS: tuple[str, ...] = tuple(IMAGE_PRESETS)
 
 
 def model_config(
-    preset: str, *, image: bool, overrides: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    preset: str, *, image: bool, overrides: Mapping[str, object] | None = None
+) -> dict[str, object]:
     """RLlib ``model_config`` for a preset, with ``overrides`` applied on top."""
     table = IMAGE_PRESETS if image else VECTOR_PRESETS
     if preset not in table:
@@ -171,10 +172,8 @@ def with_uint8_images(base: type) -> type:
     return WithUint8Images
 
 
-# The observation spaces of the two Atari paths: ALE's native vector env (rllib_amp.envs.atari)
-# and RLlib's wrappers (rllib_amp.envs.configure.AtariEnv). The networks are the same.
+# The observation space of ALE's native vector env (rllib_amp.envs.atari).
 ATARI_OBS_SPACE = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-ATARI_WRAPPERS_OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (84, 84, 4), np.float32)
 
 
 def count_parameters(

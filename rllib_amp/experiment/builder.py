@@ -56,12 +56,10 @@ def mutation_space(data: ExperimentData) -> dict[str, object]:
         >>> mutation_space(data)
         {'amp.growth_interval': [10, 100]}
     """
-    pbt = data["tune"].get("pbt")
-    out: dict[str, object] = {}
-    for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
-        sampler = Sampler.parse(spec)
-        out[key] = list(sampler.values) if sampler.kind == "choice" else sampler.to_tune()
-    return out
+    return {
+        key: list(s.values) if s.kind == "choice" else s.to_tune()
+        for key, s in _mutations(data).items()
+    }
 
 
 def mutation_bounds(data: ExperimentData) -> dict[str, tuple[float, float]]:
@@ -71,14 +69,13 @@ def mutation_bounds(data: ExperimentData) -> dict[str, tuple[float, float]]:
         >>> mutation_bounds({"tune": {"pbt": {"hyperparam_mutations": {"k": {"randint": [1, 5]}}}}})
         {'k': (1, 4)}
     """
+    return {key: s.bounds() for key, s in _mutations(data).items() if s.kind != "choice"}
+
+
+def _mutations(data: ExperimentData) -> dict[str, Sampler]:
+    """PBT's ``hyperparam_mutations``, parsed; empty without ``tune.scheduler: pbt``."""
     pbt = data["tune"].get("pbt")
-    out: dict[str, tuple[float, float]] = {}
-    for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
-        sampler = Sampler.parse(spec)
-        if sampler.kind != "choice":
-            lo, hi = sampler.edges()
-            out[key] = (lo, hi)
-    return out
+    return {k: Sampler.parse(s) for k, s in (pbt["hyperparam_mutations"] if pbt else {}).items()}
 
 
 class SeedOfSample:
@@ -136,10 +133,8 @@ def initial_space(data: ExperimentData) -> dict[str, object]:
         SeedOfSample(base=3, settings=1)
     """
     space = param_space(data["search"])
-    pbt = data["tune"].get("pbt")
-    for key, spec in (pbt["hyperparam_mutations"] if pbt else {}).items():
-        if key not in space:
-            space[key] = Sampler.parse(spec).to_tune()
+    for key, sampler in _mutations(data).items():
+        space.setdefault(key, sampler.to_tune())
     seed = data.get("seed")
     if seed is not None and "seed" not in space:
         settings = math.prod(s.grid_size() for s in data["search"].values())
@@ -177,7 +172,7 @@ def algorithm_config(
         config.env_runners(**by_method["env_runners"])
     if by_method.get("learners"):
         config.learners(**by_method["learners"])
-    _set_model(config, d)
+    _set_model(config, d["model"], d["env"], d["algorithm"])
     if d["seed"] is not None:
         config.debugging(seed=d["seed"])
     # Tag the learners' Ray metrics (dashboard / Prometheus) with the Tune trial.
@@ -189,17 +184,15 @@ def algorithm_config(
     return config
 
 
-def _set_model(config: AlgorithmConfig, d: Mapping[str, Any]) -> None:
-    model = dict(d["model"])
+def _set_model(config: AlgorithmConfig, section: Mapping[str, object], env: str, algo: str) -> None:
+    model = dict(section)
     preset = model.pop("preset", None)
     batchnorm = model.pop("batchnorm", False)
-    image = envs.is_atari(d["env"])
-    model_cfg = models.model_config(preset, image=image, overrides=model) if preset else model
+    image = envs.is_atari(env)
+    model_cfg = models.model_config(str(preset), image=image, overrides=model) if preset else model
     config.rl_module(model_config=model_cfg)
     if batchnorm:
+        module_class = algorithm(algo).batchnorm_module
         config.rl_module(
-            rl_module_spec=RLModuleSpec(
-                module_class=algorithm(d["algorithm"]).batchnorm_module,
-                model_config=model_cfg,
-            )
+            rl_module_spec=RLModuleSpec(module_class=module_class, model_config=model_cfg)
         )

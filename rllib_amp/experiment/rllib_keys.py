@@ -17,8 +17,8 @@ import functools
 import inspect
 import math
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from rllib_amp.experiment.errors import err
 
@@ -56,18 +56,20 @@ TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
 }
 
 
+def _training_parameters(cls: type[AlgorithmConfig]) -> Iterator[inspect.Parameter]:
+    """The keyword parameters of ``training`` in every class of ``cls``'s MRO, most derived
+    first (a name may come several times)."""
+    for klass in cls.__mro__:
+        fn = vars(klass).get("training")
+        for p in inspect.signature(fn).parameters.values() if fn else ():
+            if p.name != "self" and p.kind is not p.VAR_KEYWORD:
+                yield p
+
+
 @functools.cache
 def training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
     """The keyword arguments of ``cls.training`` and its parents' (RLlib's own schema)."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        fn = vars(klass).get("training")
-        if fn is None:
-            continue
-        for p in inspect.signature(fn).parameters.values():
-            if p.name != "self" and p.kind is not p.VAR_KEYWORD and p.name not in names:
-                names.append(p.name)
-    return tuple(names)
+    return tuple(dict.fromkeys(p.name for p in _training_parameters(cls)))
 
 
 # Python types named by RLlib's type hints; a hint naming anything else is not checked here.
@@ -86,7 +88,7 @@ _HINT_TYPES = {
 _UNCHECKED_HINTS = re.compile(r"\b(Any|Callable|Type|ForwardRef|Space|Learner)\b|_empty")
 
 
-def kinds_of(value: Any) -> str:
+def kinds_of(value: object) -> str:
     """The kind of a YAML value, in the words of ``training_types``.
 
     Example:
@@ -126,21 +128,13 @@ def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
     defaults = cls()
     kinds: dict[str, set[str]] = {}
     unchecked: set[str] = set()
-    for klass in cls.__mro__:
-        fn = vars(klass).get("training")
-        if fn is None:
+    for p in _training_parameters(cls):
+        hint = str(p.annotation)
+        if _UNCHECKED_HINTS.search(hint):
+            unchecked.add(p.name)
             continue
-        for p in inspect.signature(fn).parameters.values():
-            if p.name == "self" or p.kind is p.VAR_KEYWORD:
-                continue
-            hint = str(p.annotation)
-            if _UNCHECKED_HINTS.search(hint):
-                unchecked.add(p.name)
-                continue
-            names = re.findall(r"[A-Za-z_]+", hint)
-            kinds.setdefault(p.name, set()).update(
-                _HINT_TYPES[n] for n in names if n in _HINT_TYPES
-            )
+        names = re.findall(r"[A-Za-z_]+", hint)
+        kinds.setdefault(p.name, set()).update(_HINT_TYPES[n] for n in names if n in _HINT_TYPES)
     out: dict[str, frozenset[str]] = {}
     for key, found in kinds.items():
         default = getattr(defaults, key, None)
@@ -172,20 +166,15 @@ def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
     from ray._common.deprecation import DEPRECATED_VALUE
 
     out: dict[str, str] = {}
-    for klass in cls.__mro__:
-        fn = vars(klass).get("training")
-        if fn is None:
-            continue
-        for p in inspect.signature(fn).parameters.values():
-            default = p.default
-            if type(default) is int and default == DEPRECATED_VALUE:
-                out.setdefault(p.name, "deprecated in RLlib (ignored or refused there); remove it")
-            elif re.search(r"\b(Callable|Type)\b", str(p.annotation)):
-                out.setdefault(
-                    p.name,
-                    "takes a Python class or function, which a YAML file cannot give; set it "
-                    "through the Python API (rllib_amp.with_amp on your AlgorithmConfig)",
-                )
+    for p in _training_parameters(cls):
+        if type(p.default) is int and p.default == DEPRECATED_VALUE:
+            out.setdefault(p.name, "deprecated in RLlib (ignored or refused there); remove it")
+        elif re.search(r"\b(Callable|Type)\b", str(p.annotation)):
+            out.setdefault(
+                p.name,
+                "takes a Python class or function, which a YAML file cannot give; set it "
+                "through the Python API (rllib_amp.with_amp on your AlgorithmConfig)",
+            )
     return out
 
 
@@ -211,7 +200,7 @@ def allowed_words(kinds: frozenset[str]) -> str:
     return " or ".join(words)
 
 
-def check_training_type(path: str, key: str, value: Any, kinds: frozenset[str]) -> None:
+def check_training_type(path: str, key: str, value: object, kinds: frozenset[str]) -> None:
     """ExperimentError when ``training.key``'s value is of none of the kinds RLlib takes.
 
     Example:
@@ -224,9 +213,9 @@ def check_training_type(path: str, key: str, value: Any, kinds: frozenset[str]) 
         return  # RLlib's hints are all Optional
     kind = kinds_of(value)
     if kind not in kinds:
-        fix = f"; write {int(value)}" if kind == "float" and float(value).is_integer() else ""
+        fix = f"; write {int(value)}" if isinstance(value, float) and value.is_integer() else ""
         raise err(
             path, f"training.{key}", f"got {value!r}; RLlib expects {allowed_words(kinds)}{fix}"
         )
-    if kind == "float" and math.isnan(value):
+    if isinstance(value, float) and math.isnan(value):
         raise err(path, f"training.{key}", f"got {value!r}; expected a number, not NaN")

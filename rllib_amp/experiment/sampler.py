@@ -15,30 +15,18 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rllib_amp.checks import is_number, suggest
 
-# Samplers that list their values, and samplers that draw from a [lo, hi] range.
+# Samplers that list their values, and samplers that draw from a [lo, hi] range (each
+# named as Tune's function that builds it).
 LISTS = ("grid", "choice")
 RANGES = ("loguniform", "uniform", "randint")
 SAMPLERS = (*LISTS, *RANGES)
 _INT64 = (-(2**63), 2**63 - 1)
-
-if TYPE_CHECKING:
-    from types import ModuleType
-
-
-def _tune_spaces(tune: ModuleType) -> dict[str, Callable[[tuple[Any, ...]], Any]]:
-    return {
-        "grid": lambda v: tune.grid_search(copy.deepcopy(list(v))),
-        "choice": lambda v: tune.choice(copy.deepcopy(list(v))),
-        "loguniform": lambda v: tune.loguniform(*v),
-        "uniform": lambda v: tune.uniform(*v),
-        "randint": lambda v: tune.randint(*v),
-    }
 
 
 def _finite(x: float) -> bool:
@@ -61,7 +49,7 @@ class Sampler:
     values: tuple[Any, ...]
 
     @classmethod
-    def parse(cls, spec: Any) -> Sampler:
+    def parse(cls, spec: object) -> Sampler:
         """The Sampler for ``spec``; ValueError says what is wrong and what is allowed.
 
         Example:
@@ -108,24 +96,29 @@ class Sampler:
             lo, hi = float(lo), float(hi)
         return cls(kind, (lo, hi))
 
-    def edges(self) -> list[Any]:
+    def edges(self) -> list[object]:
         """The values to validate: every listed value, or the two ends a range can reach."""
-        if self.kind in LISTS:
-            return list(self.values)
+        return list(self.values) if self.kind in LISTS else list(self.bounds())
+
+    def bounds(self) -> tuple[float, float]:
+        """The two ends a range sampler can reach (``randint`` excludes its ``hi``)."""
         lo, hi = self.values
-        return [lo, hi - 1 if self.kind == "randint" else hi]
+        return lo, hi - 1 if self.kind == "randint" else hi
 
     def grid_size(self) -> int:
         """How many trials this multiplies one sample into (Tune repeats every grid point)."""
         return len(self.values) if self.kind == "grid" else 1
 
-    def to_tune(self) -> Any:
+    def to_tune(self) -> object:
         """The Tune search-space entry: a ``grid_search`` dict or a Tune ``Domain``."""
         # Tune is imported here: parsing and checking a spec must not load Ray.
         from ray import tune
 
-        return _tune_spaces(tune)[self.kind](self.values)
+        if self.kind in LISTS:
+            values = copy.deepcopy(list(self.values))
+            return tune.grid_search(values) if self.kind == "grid" else tune.choice(values)
+        return getattr(tune, self.kind)(*self.values)
 
-    def to_dict(self) -> dict[str, list[Any]]:
+    def to_dict(self) -> dict[str, list[object]]:
         """The spec as written in a file, e.g. ``{'grid': [1, 2]}``."""
         return {self.kind: copy.deepcopy(list(self.values))}

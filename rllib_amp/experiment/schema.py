@@ -138,10 +138,6 @@ def _env(value: object, exp: ExperimentData, path: str) -> str:
     return value
 
 
-def _env_config(value: object, exp: ExperimentData, path: str) -> Section:
-    return check_mapping(path, "env_config", value)
-
-
 def _model(value: object, exp: ExperimentData, path: str) -> Section:
     """A preset name, or a mapping of preset / batchnorm / RLlib DefaultModelConfig fields."""
     from rllib_amp.envs import configure as envs
@@ -241,11 +237,7 @@ def _checkpoint(value: object, exp: ExperimentData, path: str) -> CheckpointSect
 
 
 def _seed(value: object, exp: ExperimentData, path: str) -> int | None:
-    if value is None:
-        return None
-    check_number(path, "seed", value, (int,), 0, SEED_MAX)
-    assert isinstance(value, int)  # check_number refuses anything else
-    return value
+    return None if value is None else int(check_number(path, "seed", value, (int,), 0, SEED_MAX))
 
 
 def _storage_path(value: object, exp: ExperimentData, path: str) -> str | None:
@@ -317,7 +309,7 @@ def _check_values(exp: ExperimentData, key: str, sampler: Sampler, where: str, p
 SECTIONS: dict[str, Callable[[object, ExperimentData, str], object]] = {
     "algorithm": _algorithm,
     "env": _env,
-    "env_config": _env_config,
+    "env_config": lambda value, exp, path: check_mapping(path, "env_config", value),
     "model": _model,
     "amp": _amp,
     "training": _training,
@@ -392,24 +384,14 @@ def validate(raw: object, path: str = "<dict>") -> ExperimentData:
     return data
 
 
-# The sections that hold a mapping (``model`` may name a preset instead).
-MAPPING_SECTIONS = (
-    "env_config",
-    "model",
-    "amp",
-    "training",
-    "resources",
-    "tune",
-    "stop",
-    "checkpoint",
-    "search",
-)
-
-
 def _check_shape(raw: Mapping[str, object], path: str) -> None:
-    """Each section is a mapping where one belongs. Checked before any section's content, so
-    a file of the wrong shape is refused before the env and training checks import RLlib."""
-    for section in MAPPING_SECTIONS:
+    """Each section is a mapping where one belongs (``model`` may name a preset instead).
+    Checked before any section's content, so a file of the wrong shape is refused before the
+    env and training checks import RLlib."""
+    for section in TOP_KEYS:
         value = raw.get(section)
-        if not (section == "model" and isinstance(value, str)):
+        named = section in ("algorithm", "env", "seed", "storage_path") or (
+            section == "model" and isinstance(value, str)
+        )
+        if not named:
             check_mapping(path, section, value)

@@ -29,17 +29,17 @@ def test_learner_update_on_gpu_is_finite_and_steps(dtype):
     import pickle
     import tempfile
 
-    from rllib_amp import bench
+    from rllib_amp.bench import workloads
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "PPO.pkl")
-        bench.collect_data("PPO", "cuda", path)
+        workloads.collect_data("PPO", "cuda", path)
         with open(path, "rb") as f:
             data = pickle.load(f)
     variant = "amp-fp16" if dtype == "float16" else "amp-bf16"
-    lrn = bench.build_learner("PPO", "full", variant, "cuda", data["spaces"])
-    assert str(lrn._device).startswith("cuda")
-    bench.update_fn("PPO", lrn, data["episodes"])()
+    lrn = workloads.build_learner("PPO", "full", variant, "cuda", data["spaces"])
+    assert str(lrn.device).startswith("cuda")
+    workloads.update_fn("PPO", lrn, data["episodes"])()
     scaler = lrn.amp_scalers["default_policy"]
     assert scaler.optimizer_steps_lifetime > 0
     for p in lrn.module["default_policy"].parameters():
@@ -58,15 +58,15 @@ def test_high_preset_memory_and_speed_targets_on_gpu():
     import pickle
     import tempfile
 
-    from rllib_amp import bench
+    from rllib_amp.bench import figures, workloads
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "PPO.pkl")
-        bench.collect_data("PPO", "cuda", path)
-        mem = bench.bench_memory("PPO", "high", ["fp32", "amp-auto"], "cuda", path)
+        workloads.collect_data("PPO", "cuda", path)
+        mem = figures.bench_memory("PPO", "high", ["fp32", "amp-auto"], "cuda", path)
         with open(path, "rb") as f:
             data = pickle.load(f)
-        thr = bench.bench_throughput("PPO", "high", ["fp32", "amp-auto"], "cuda", data, reps=3)
+        thr = figures.bench_throughput("PPO", "high", ["fp32", "amp-auto"], "cuda", data, reps=3)
     print("memory", mem, "throughput", {k: sorted(v) for k, v in thr.items()})
     assert mem["amp-auto"] <= 0.65 * mem["fp32"]
     med = {k: sorted(v)[len(v) // 2] for k, v in thr.items()}

@@ -11,13 +11,12 @@ import sys
 
 import pytest
 
-from rllib_amp import bench
 from rllib_amp.algorithms import ALGORITHMS
 from rllib_amp.bench import command, harness, report, workloads
 
 PROG = "python -m rllib_amp.bench: error: "
 # The checkout under test, for CLI subprocesses (not an installed copy of the package).
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(command.__file__))))
 
 
 class Measured(Exception):
@@ -36,7 +35,7 @@ def no_measuring(monkeypatch):
 
 
 def _exits_2_naming(capsys, args, *fragments):
-    assert bench.main(args) == 2
+    assert command.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(PROG), err
     for fragment in fragments:
@@ -116,10 +115,10 @@ def test_read_only_mount_exits_2_before_measuring(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     flags = [("--out", str(ro / "results")), ("--json", str(ro / "b.json"))]
-    calls = "; ".join(f"print(bench.main({list(pair)!r}))" for pair in flags)
+    calls = "; ".join(f"print(command.main({list(pair)!r}))" for pair in flags)
     script = (
         f"mount -t tmpfs -o ro none {ro} || exit 99; "
-        f'exec "{sys.executable}" -c "from rllib_amp import bench; {calls}"'
+        f'exec "{sys.executable}" -c "from rllib_amp.bench import command; {calls}"'
     )
     proc = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
@@ -141,7 +140,7 @@ def test_writable_outputs_pass_the_check_and_leave_no_trace(tmp_path, no_measuri
     (tmp_path / "old.json").write_text("previous run")
     args = ["--json", str(tmp_path / "old.json"), "--out", str(tmp_path / "new" / "folder")]
     with pytest.raises(Measured):
-        bench.main(args)
+        command.main(args)
     assert sorted(os.listdir(tmp_path)) == ["old.json"]
     assert (tmp_path / "old.json").read_text() == "previous run"
 
@@ -156,14 +155,14 @@ def test_rows_put_the_ratio_to_fp32_in_every_row():
         "end_to_end": {"fp32": [10.0, 12.0], "amp-auto": [15.0, 13.0]},
         "parity": {"PPO": {"fp32": [100.0, 200.0], "amp-auto": [150.0, 150.0]}},
     }
-    rows = bench.rows_from(results)
+    rows = report.rows_from(results)
     ratio = {(r["figure"], r["variant"]): r["ratio_to_fp32"] for r in rows}
     assert ratio[("learner update", "amp-auto")] == pytest.approx(2.0)
     assert ratio[("peak memory of update", "amp-auto")] == pytest.approx(0.5)
     assert ratio[("end to end", "amp-auto")] == pytest.approx(14.0 / 11.0)
     assert ratio[("learning parity", "amp-auto")] == pytest.approx(1.0)
     assert all(r["ratio_to_fp32"] == 1.0 for r in rows if r["variant"] == "fp32")
-    table = bench.markdown(rows, "header")
+    table = report.markdown(rows, "header")
     assert table.count("\n") == len(rows) + 3 and "2.00x" in table
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_amp import bench
-from rllib_amp.bench import command, fixed_cost, fixed_cost_run, report
+from rllib_amp.bench import command, fixed_cost, fixed_cost_run, report, workloads
 
 DATA = Path(__file__).parents[3] / "docs" / "bench" / "fixed_cost.json"
 
@@ -21,14 +20,14 @@ def test_the_row_is_ms_per_step_with_its_spread_and_the_target_compares_medians(
         {"per_step_s": t, "short_steps": 17, "long_steps": 85} for t in (0.0015, 0.0018, 0.0030)
     ]
     results = {"fixed_cost": {"fp32": [0.002, 0.003, 0.004], "amp-auto": records}}
-    rows = [r for r in bench.rows_from(results) if r["figure"].startswith("fixed cost")]
+    rows = [r for r in report.rows_from(results) if r["figure"].startswith("fixed cost")]
     by = {r["variant"]: r for r in rows}
     assert by["fp32"]["unit"] == "ms" and by["fp32"]["better_is"] == "lower"
     assert by["fp32"]["value"] == pytest.approx(3.0)
     assert (by["amp-auto"]["low"], by["amp-auto"]["high"]) == pytest.approx((1.5, 3.0))
     assert by["amp-auto"]["ratio_to_fp32"] == pytest.approx(0.6)
     assert "MLP [8], batch 4096, minibatch 256" in by["fp32"]["workload"]
-    assert "| 1.80 ms (1.50-3.00) | 0.60x |" in bench.markdown(rows, "h")
+    assert "| 1.80 ms (1.50-3.00) | 0.60x |" in report.markdown(rows, "h")
     (target,) = [t for t in report.targets(results) if t["target"].startswith("fixed cost")]
     assert target["met"] is True and target["ratio"] == pytest.approx(0.6)
     results["fixed_cost"]["amp-auto"] = [0.004]
@@ -41,7 +40,8 @@ def test_the_steps_are_counted_from_what_the_learner_did():
     count for stock RLlib, a post-step hook for rllib-amp, whose scaler counts them), and
     more than batch / minibatch: PPO's learner connector adds one timestep per episode."""
     work = fixed_cost.FixedCostWorkload("CartPole-v1", (8,), 128, 64, (1, 2))
-    episodes, spaces = fixed_cost.sample_batch(work)
+    batch = workloads.sample_batch(fixed_cost.fixed_cost_config("fp32", 1, work), work.batch)
+    episodes, spaces = batch["episodes"], batch["spaces"]
     counted = {}
     for variant in ("fp32", "amp-auto"):
         learner = fixed_cost.build_fixed_cost_learner(variant, "cpu", spaces, work)

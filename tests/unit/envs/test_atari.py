@@ -230,9 +230,9 @@ def test_measure_sampling_times_one_env_runner_on_either_path():
 
     threads = torch.get_num_threads()
     paths = {
-        (sampling.NATIVE, None): (atari.AleVectorEnv, BatchedAleEnvRunner),
-        (sampling.NATIVE, sampling.RLLIB): (atari.AleVectorEnv, None),
-        (sampling.WRAPPERS, None): (envs.AtariEnv, None),
+        (atari.NATIVE, None): (atari.AleVectorEnv, BatchedAleEnvRunner),
+        (atari.NATIVE, atari.RLLIB): (atari.AleVectorEnv, None),
+        (atari.WRAPPERS, None): (envs.AtariEnv, None),
     }
     for (path, sampler), (env_cls, runner_cls) in paths.items():
         cfg = sampling.sampling_config(path, num_envs=2, num_cpus=1, sampler=sampler)
