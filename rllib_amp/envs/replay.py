@@ -37,7 +37,9 @@ from ray.rllib.utils.spaces.space_utils import unbatch
 class GrowingEpisodeReplayBuffer(EpisodeReplayBuffer):
     """EpisodeReplayBuffer whose stored unfinished episodes are lists, so chunks append."""
 
-    def add(self, episodes: list[SingleAgentEpisode] | SingleAgentEpisode) -> None:
+    def add(  # type: ignore[override]  # EpisodeReplayBuffer.add's own signature
+        self, episodes: list[SingleAgentEpisode] | SingleAgentEpisode
+    ) -> None:
         super().add([_growable(e) for e in force_list(episodes)])
 
 

@@ -352,7 +352,7 @@ def of_experiment(exp: Experiment, rows: Sequence[Row]) -> list[Group]:
     )
 
 
-def report(exp: Experiment, rows: Sequence[Row], grid: object, exp_dir: str) -> list[Group]:
+def report(exp: Experiment, rows: Sequence[Row], exp_dir: str) -> list[Group]:
     """Prints the per-setting summary and what the sweep found, writes ``groups.parquet``
     into ``exp_dir`` (a path or URI) and prints where; returns the groups (``figure.report``
     draws them). ``rows``: ``summary.summarize``'s per-trial rows."""

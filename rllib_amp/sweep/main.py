@@ -303,7 +303,8 @@ def _report(
     exp_dir = files.join(storage, name)
     parquet = files.join(exp_dir, RESULTS_FILE)
     resume = sweep_resume.resume_command(args, exp, name, storage)
-    rows = summary.summarize(exp, grid, storage)
+    results = [grid[i] for i in range(len(grid))]  # a ResultGrid is indexed, not iterable
+    rows = summary.summarize(exp, results, storage)
     fault = sweep_storage.storage_fault(exp_dir, rows)
     if fault is not None:  # said once; only the results are tried on a storage that fails
         print(summary.format_table(exp, rows))
@@ -327,8 +328,8 @@ def _report(
     best = next((r for r in rows if r["status"] == "DONE" and r["checkpoint"]), None)
     print(f"Best trial checkpoint: {best['checkpoint'] if best else '-'}")
     print(f"Results: {parquet}")
-    print(figure.report(exp, groups.report(exp, rows, grid, exp_dir), grid, exp_dir))
-    recommend.report(exp, rows, grid, exp_dir)
+    print(figure.report(exp, groups.report(exp, rows, exp_dir), results, exp_dir))
+    recommend.report(exp, rows, results, exp_dir)
     failed = [r for r in rows if r["status"] == "ERROR"]
     unfinished = [r for r in rows if r["status"] == "UNFINISHED"]
     if stop.ray_dead:  # the trials' errors are Ray's death, said once

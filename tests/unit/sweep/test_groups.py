@@ -226,7 +226,7 @@ def test_equal_skips_fall_back_to_the_steadiest_scale():
 
 def test_report_writes_groups_parquet_and_sweep_png(tmp_path, capsys):
     exp, rows, _ = _groups()
-    found = groups.report(exp, rows, _issue_grid(), str(tmp_path))
+    found = groups.report(exp, rows, str(tmp_path))
     print(figure.report(exp, found, _issue_grid(), str(tmp_path)))
     out = capsys.readouterr().out
     assert "Settings, best first by the mean env steps to the target" in out
