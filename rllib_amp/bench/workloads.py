@@ -100,10 +100,10 @@ class ParityRun(NamedTuple):
     training: Mapping[str, object]
 
 
-_Entry = TypeVar("_Entry", Workload, ParityRun)
+Entry = TypeVar("Entry", Workload, ParityRun)
 
 
-def _by_name(items: tuple[_Entry, ...]) -> dict[str, _Entry]:
+def _by_name(items: tuple[Entry, ...]) -> dict[str, Entry]:
     for item in items:
         # algorithm() raises a ValueError naming the registry's algorithms.
         record = algorithm(item.algorithm)

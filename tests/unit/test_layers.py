@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "checkpoint_files",
             "checkpoint_manifest",
             "settings",
+            "text_table",
         ),
     ),
     ("scaling", ("scaling",)),
