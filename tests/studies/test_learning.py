@@ -402,3 +402,27 @@ def test_the_committed_cartpole_dqn_evidence_is_built_from_its_parquet_files():
         with open(os.path.join(ROOT, page), encoding="utf-8") as f:
             assert expected.strip() in f.read(), f"{page}: its CartPole DQN table differs"
     assert os.path.exists(os.path.join(folder, "learning.png"))
+
+
+def test_the_committed_cartpole_dqn_sweep_is_what_docs_dqn_md_says():
+    # docs/dqn/cartpole_sweep/ is the default CartPole DQN sweep's own output; the page's
+    # figures on the scaler's skipped steps are computed here from its results.parquet.
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(ROOT, "docs", "dqn", "cartpole_sweep")
+    rows = pq.read_table(os.path.join(folder, "results.parquet")).to_pylist()
+    assert len(rows) == 8 and {(r["status"], r["env_steps"]) for r in rows} == {("DONE", 5e5)}
+    returns = sorted({r["env_runners/episode_return_mean"] for r in rows})
+    parts = []
+    for interval in (100, 2000):
+        skipped = sorted(r["skipped_steps"] for r in rows if r["amp.growth_interval"] == interval)
+        updates = {r["optimizer_steps"] for r in rows if r["amp.growth_interval"] == interval}
+        parts.append(
+            f"growth_interval {interval}: {skipped[0]} to {skipped[-1]} skipped steps of "
+            f"{max(updates):,} updates ({len(skipped)} trials)"
+        )
+    line = f"final returns {', '.join(f'{r:g}' for r in returns)}; " + "; ".join(parts)
+    with open(os.path.join(ROOT, "docs", "dqn.md"), encoding="utf-8") as f:
+        assert line in f.read(), line
+    for name in ("groups.parquet", "recommended_amp.yaml", "sweep.png", "summary.txt"):
+        assert os.path.exists(os.path.join(folder, name)), name
