@@ -245,6 +245,17 @@ def _ratio(num: Sequence[float], den: Sequence[float]) -> float:
     return _median(num) / _median(den)
 
 
+def _end_to_end(algo: str, bound: float) -> Target:
+    return Target(
+        f"end-to-end {algo} Pong, amp native / stock fp32 wrappers env steps/s",
+        lambda r: _ratio(
+            r["end_to_end_paths"][algo]["amp native"], r["end_to_end_paths"][algo][STOCK]
+        ),
+        ">=",
+        bound,
+    )
+
+
 TARGETS: tuple[Target, ...] = (
     Target(
         "sampling, native (batched sampler) / wrappers env steps/s",
@@ -252,22 +263,8 @@ TARGETS: tuple[Target, ...] = (
         ">=",
         3.0,
     ),
-    Target(
-        "end-to-end PPO Pong, amp native / stock fp32 wrappers env steps/s",
-        lambda r: _ratio(
-            r["end_to_end_paths"]["PPO"]["amp native"], r["end_to_end_paths"]["PPO"][STOCK]
-        ),
-        ">=",
-        2.5,
-    ),
-    Target(
-        "end-to-end APPO Pong, amp native / stock fp32 wrappers env steps/s",
-        lambda r: _ratio(
-            r["end_to_end_paths"]["APPO"]["amp native"], r["end_to_end_paths"]["APPO"][STOCK]
-        ),
-        ">=",
-        2.0,
-    ),
+    _end_to_end("PPO", 2.5),
+    _end_to_end("APPO", 2.0),
     Target(
         "fixed cost per minibatch step, amp-auto / stock fp32 ms",
         lambda r: _ratio(
