@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -90,20 +90,26 @@ def insert_batchnorm(root: nn.Module) -> int:
     return inserted
 
 
-def with_batchnorm(base: type, *, name: str | None = None) -> type:
-    """``base`` (an RLModule class) with a BatchNorm2d after each Conv2d of its encoders.
+def _after_setup(base: type, patch: Callable[[nn.Module], int], name: str) -> type:
+    """``base`` (an RLModule class) whose ``setup`` ends with ``patch(self)``, named ``name``.
 
-    Give the result a module-level name (see ``rllib_amp.algorithms``; ``name`` sets the
-    class name, ``BatchNorm<base>`` by default) so Ray pickles it by reference.
+    Give the result a module-level name (see ``rllib_amp.algorithms``) so Ray pickles it by
+    reference.
     """
 
-    class WithBatchNorm(base):  # type: ignore[valid-type,misc]
+    class Patched(base):  # type: ignore[valid-type,misc]
         def setup(self) -> None:
             super().setup()
-            insert_batchnorm(self)
+            patch(self)
 
-    WithBatchNorm.__name__ = WithBatchNorm.__qualname__ = name or f"BatchNorm{base.__name__}"
-    return WithBatchNorm
+    Patched.__name__ = Patched.__qualname__ = name
+    return Patched
+
+
+def with_batchnorm(base: type, *, name: str | None = None) -> type:
+    """``base`` (an RLModule class) with a BatchNorm2d after each Conv2d of its encoders,
+    named ``name`` (``BatchNorm<base>`` by default)."""
+    return _after_setup(base, insert_batchnorm, name or f"BatchNorm{base.__name__}")
 
 
 def uint8_to_input(x: torch.Tensor) -> torch.Tensor:
@@ -153,8 +159,7 @@ def with_uint8_images(base: type) -> type:
 
     Observations stay uint8 in episodes, train batches and replay buffers (a quarter of
     float32's bytes); the module converts inside its forward pass (``uint8_to_input``). Float
-    observations pass through unchanged. Give the result a module-level name (see
-    ``rllib_amp.algorithms``).
+    observations pass through unchanged.
 
     Example:
         >>> from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
@@ -162,14 +167,7 @@ def with_uint8_images(base: type) -> type:
         >>> with_uint8_images(DefaultPPOTorchRLModule).__name__
         'Uint8DefaultPPOTorchRLModule'
     """
-
-    class WithUint8Images(base):  # type: ignore[valid-type,misc]
-        def setup(self) -> None:
-            super().setup()
-            accept_uint8_images(self)
-
-    WithUint8Images.__name__ = WithUint8Images.__qualname__ = f"Uint8{base.__name__}"
-    return WithUint8Images
+    return _after_setup(base, accept_uint8_images, f"Uint8{base.__name__}")
 
 
 # The observation space of ALE's native vector env (rllib_amp.envs.atari).
