@@ -65,12 +65,7 @@ CONNECTOR_PIPELINE_TIMER = "connector_pipeline_timer"
 # The rewards buffer's space in RLlib's episodes (single_agent_episode._REWARDS_BOX_SPACE).
 _REWARDS_SPACE = gym.spaces.Box(-np.inf, np.inf, (), np.float32)
 _GET_ACTIONS = GetActions()  # stateless: one instance serves every step
-_EPISODE_CALLBACKS = (
-    "on_episode_created",
-    "on_episode_start",
-    "on_episode_step",
-    "on_episode_end",
-)
+_EPISODE_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step", "on_episode_end")
 
 
 def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
@@ -205,14 +200,9 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             except Exception as e:
                 self._step_failed(e)
                 # As RLlib: a new env, new episodes; the steps of this call are dropped.
-                self._reset_batched(explore)
-                env = self.env
-                ale = env.unwrapped
-                steps = []
-                restarting = np.zeros(num_envs, bool)
-                lengths = np.zeros(num_envs, int)
-                ts = 0
-                continue
+                return self._sample_batched(
+                    num_timesteps, explore=explore, random_actions=random_actions, force_reset=True
+                )
             step = Step(actions, extras, restarting, time.perf_counter(), *result)
             steps.append(step)
             ts += int(num_envs - restarting.sum())
