@@ -96,17 +96,13 @@ class AtariEnv(gym.Wrapper):
 def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None) -> None:
     """Sets ``config`` (an AlgorithmConfig) to sample ``env_id``; the one place that does.
 
-    For ``ALE/*`` ids, ``env_config["preprocessing"]`` picks the path:
-
-    - ``native`` (default): ALE's C++ vector env (``atari.AleVectorEnv``), uint8 observations
-      that the algorithm's RLModule converts in its forward pass (``Algorithm.uint8_module``).
-      Options: ``atari.NATIVE_OPTIONS``.
-    - ``wrappers``: RLlib's Atari wrappers (``AtariEnv``) in a gymnasium SyncVectorEnv,
-      float32 observations in [-1, 1]; other keys go to ``gym.make``.
-
-    and on the native path ``env_config["sampler"]`` how EnvRunners sample it: ``batched``
-    (default; ``envs.batched_runner.BatchedAleEnvRunner``, whole arrays per step) or ``rllib``
-    (RLlib's own per-env loop). Both give the learner the same episodes.
+    For ``ALE/*`` ids ``env_config["preprocessing"]`` picks the path: ``native`` (default;
+    ALE's C++ vector env ``atari.AleVectorEnv``, uint8 observations that the algorithm's
+    RLModule converts in its forward pass, options ``atari.NATIVE_OPTIONS``) or ``wrappers``
+    (``AtariEnv`` in a SyncVectorEnv, float32 observations; other keys go to ``gym.make``).
+    On the native path ``env_config["sampler"]`` picks ``batched`` (default; whole arrays per
+    step, ``batched_runner.BatchedAleEnvRunner``) or ``rllib`` (RLlib's per-env loop); both
+    give the learner the same episodes.
 
     Call it before setting your own RLModuleSpec: the native path sets the module class.
     Raises ValueError naming the key and the fix for an option the chosen path cannot honour.
