@@ -44,6 +44,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
 from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import (
+    CONNECTOR_PIPELINE_TIMER,
     ENV_STEP_TIMER,
     ENV_TO_MODULE_CONNECTOR,
     ENV_TO_MODULE_SUM_EPISODES_LENGTH_IN,
@@ -60,8 +61,6 @@ from rllib_amp.settings import AMP_CONFIG_KEY
 
 logger = logging.getLogger(__name__)
 
-# RLlib's connector pipelines time themselves under this key (connector_pipeline_v2.py).
-CONNECTOR_PIPELINE_TIMER = "connector_pipeline_timer"
 # The rewards buffer's space in RLlib's episodes (single_agent_episode._REWARDS_BOX_SPACE).
 _REWARDS_SPACE = gym.spaces.Box(-np.inf, np.inf, (), np.float32)
 _GET_ACTIONS = GetActions()  # stateless: one instance serves every step
