@@ -12,11 +12,6 @@ newest frame last); the RLModule turns them into floats inside its forward pass
 Differences from the wrappers, all inside one game: after a life is lost the game goes on
 without a FIRE press, and the frame stack carries over from the previous life; the ALE's own
 grayscale and area resize stand in for OpenCV's (same method, not bit-identical).
-
-Example:
-    >>> env = AleVectorEnv({"id": "ALE/Pong-v5", "num_envs": 2})  # doctest: +SKIP
-    >>> env.reset(seed=0)[0].shape  # doctest: +SKIP
-    (2, 84, 84, 4)
 """
 
 from __future__ import annotations
@@ -160,6 +155,13 @@ def check_wrapper_options(env_config: Mapping[str, Any]) -> None:
         )
 
 
+def register_ale() -> None:
+    """Registers ale_py's ``ALE/*`` ids with gymnasium."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+
+
 def ale_game(env_id: str) -> str:
     """The ROM name ale_py's vector env takes for a registered ``ALE/*`` id.
 
@@ -167,9 +169,7 @@ def ale_game(env_id: str) -> str:
         >>> ale_game("ALE/SpaceInvaders-v5")
         'space_invaders'
     """
-    import ale_py
-
-    gym.register_envs(ale_py)
+    register_ale()
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as e:
@@ -182,22 +182,6 @@ def ale_game(env_id: str) -> str:
     return str(spec.kwargs["game"])
 
 
-def _ray_assigned_cpus() -> float | None:
-    """CPUs Ray gave this process (an EnvRunner actor); None on a driver or without Ray."""
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - Ray is a dependency
-        return None
-    # get_runtime_context() would start Ray in a plain process: ask only inside a worker.
-    if not ray.is_initialized():
-        return None
-    ctx = ray.get_runtime_context()
-    if ctx.worker.mode != ray.WORKER_MODE:
-        return None
-    cpus = ctx.get_assigned_resources().get("CPU")
-    return float(cpus) if cpus else None
-
-
 def default_num_threads(num_envs: int) -> int:
     """ALE threads for ``num_envs`` envs: the CPUs Ray assigned this EnvRunner.
 
@@ -208,9 +192,14 @@ def default_num_threads(num_envs: int) -> int:
         >>> default_num_threads(1)
         1
     """
-    cpus = _ray_assigned_cpus()
-    if cpus is None:
-        cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    import ray
+
+    cpus = None
+    # get_runtime_context() would start Ray in a plain process: ask only inside a worker.
+    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    if not cpus:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     return max(1, min(int(num_envs), int(cpus)))
 
 
@@ -226,20 +215,15 @@ def native_kwargs(env_config: Mapping[str, Any], num_envs: int) -> dict[str, Any
     o = {key: env_config.get(key, opt.default) for key, opt in NATIVE_OPTIONS.items()}
     frameskip = int(o["frameskip"])
     return {
+        **o,
         "num_threads": o["num_threads"] or default_num_threads(num_envs),
         "repeat_action_probability": float(o["repeat_action_probability"]),
-        "full_action_space": o["full_action_space"],
-        "max_num_frames_per_episode": o["max_num_frames_per_episode"],
-        "frameskip": frameskip,
-        "stack_num": o["stack_num"],
         "img_height": IMAGE_SIZE,
         "img_width": IMAGE_SIZE,
         "grayscale": True,
         "maxpool": True,
         # ALE counts no-ops in frames; the DeepMind wrappers (and this key) in agent steps.
         "noop_max": int(o["noop_max"]) * frameskip,
-        "use_fire_reset": o["use_fire_reset"],
-        "reward_clipping": o["reward_clipping"],
         # ALE's own episodic_life resets the whole game at every life loss, so a policy would
         # never see a later life. life_loss_info is DeepMind's: terminate, the game goes on.
         "episodic_life": False,
@@ -256,9 +240,9 @@ class AleVectorEnv(gym.vector.VectorWrapper):
     are float32.
 
     Example:
-        >>> env = AleVectorEnv({"id": "ALE/Breakout-v5", "num_envs": 2})  # doctest: +SKIP
-        >>> env.single_observation_space  # doctest: +SKIP
-        Box(0, 255, (84, 84, 4), uint8)
+        >>> env = AleVectorEnv({"id": "ALE/Pong-v5", "num_envs": 2})  # doctest: +SKIP
+        >>> env.reset(seed=0)[0].shape  # doctest: +SKIP
+        (2, 84, 84, 4)
     """
 
     def __init__(self, config: Mapping[str, Any] | None = None):
@@ -292,10 +276,4 @@ class AleVectorEnv(gym.vector.VectorWrapper):
 
     def step(self, actions: Any) -> tuple[Any, ...]:
         obs, rewards, terminated, truncated, info = self.env.step(np.asarray(actions))
-        return (
-            np.moveaxis(obs, 1, -1),
-            rewards.astype(np.float32),
-            terminated,
-            truncated,
-            info,
-        )
+        return np.moveaxis(obs, 1, -1), rewards.astype(np.float32), terminated, truncated, info

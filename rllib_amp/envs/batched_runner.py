@@ -1,27 +1,21 @@
 """The batched sampler: an EnvRunner that keeps ALE's observations as one array per step.
 
 RLlib's ``SingleAgentEnvRunner`` splits every vector step into per-env items (episodes,
-connectors, info dicts) and stacks them again for the next forward pass. On ALE's native
+connectors, info dicts) and stacks them again for the next forward pass; on ALE's native
 vector env (``envs.atari.AleVectorEnv``) that bookkeeping costs more than the env and the
-network together. ``BatchedAleEnvRunner`` keeps the observations as ALE returns them, one
-``(num_envs, stack, 84, 84)`` uint8 array per step, calls the module's forward pass once per
-step on the whole batch, samples the actions as RLlib's default module-to-env connector does
-(``GetActions``: the module's action distribution, its log-probability; DQN's module does its
-own epsilon-greedy), and steps ALE with the action array. Only at the end of ``sample()`` it
-builds RLlib's ``SingleAgentEpisode``s from the arrays: the same episode cuts, truncation,
-last observations, lookback buffers, extra model outputs and ids across ``sample()`` calls
-as RLlib's runner produces for the same actions (tests/integration/envs/
-test_batched_runner.py compares them element for element). Episode and sampling metrics
-keep RLlib's keys; the per-piece connector timers are absent (those pieces do not run).
+network together. ``BatchedAleEnvRunner`` runs the module once per step on the whole
+``(num_envs, stack, 84, 84)`` uint8 array, samples the actions with RLlib's ``GetActions``
+connector, and builds RLlib's ``SingleAgentEpisode``s only at the end of ``sample()``: the
+same episodes, across ``sample()`` calls, as RLlib's runner builds for the same actions
+(tests/integration/envs/test_batched_runner.py), and the same metric keys, less the
+per-piece connector timers.
 
 ``envs.configure.configure_env`` picks it for ``ALE/*`` ids on the native path unless
-``env_config.sampler`` is ``rllib``. Whatever the batched path cannot reproduce (custom
-connectors, per-episode callbacks, a stateful module, another env) runs RLlib's own
-sampling, with one log line saying why; so does ``sample(num_episodes=...)``. One
-difference remains, in a failure path: when an env step fails and
-``restart_failed_sub_environments`` recreates the env, RLlib keeps the episodes that ended
-earlier in that ``sample()`` call; this runner starts the call over (as RLlib does for the
-ongoing ones).
+``env_config.sampler`` is ``rllib``. What it cannot reproduce (custom connectors, episode
+callbacks, a stateful module, another env) runs RLlib's own sampling, with one log line
+saying why; so does ``sample(num_episodes=...)``. One difference remains: when a failed env
+step recreates the env (``restart_failed_sub_environments``), RLlib keeps the episodes that
+ended earlier in that ``sample()`` call; this runner starts the call over.
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -35,18 +29,22 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.connectors.module_to_env import GetActions
 from ray.rllib.core.columns import Columns
-from ray.rllib.env.env_runner import ENV_STEP_FAILURE, NUM_ENV_STEP_FAILURES_LIFETIME
+from ray.rllib.env.env_runner import NUM_ENV_STEP_FAILURES_LIFETIME
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.env.utils.infinite_lookback_buffer import InfiniteLookbackBuffer
+from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import (
+    CONNECTOR_PIPELINE_TIMER,
     ENV_STEP_TIMER,
     ENV_TO_MODULE_CONNECTOR,
     ENV_TO_MODULE_SUM_EPISODES_LENGTH_IN,
@@ -55,23 +53,18 @@ from ray.rllib.utils.metrics import (
     RLMODULE_INFERENCE_TIMER,
     WEIGHTS_SEQ_NO,
 )
+from ray.rllib.utils.numpy import convert_to_numpy
 
-from rllib_amp.envs.step_arrays import Arrays, Steps, buffer_items, join_arrays, to_numpy
+from rllib_amp.envs.step_arrays import Arrays, Step, buffer_items, join_arrays
 from rllib_amp.learner.env_runner import AmpEnvRunnerMixin
 from rllib_amp.settings import AMP_CONFIG_KEY
 
 logger = logging.getLogger(__name__)
 
-# RLlib's connector pipelines time themselves under this key (connector_pipeline_v2.py).
-CONNECTOR_PIPELINE_TIMER = "connector_pipeline_timer"
 # The rewards buffer's space in RLlib's episodes (single_agent_episode._REWARDS_BOX_SPACE).
 _REWARDS_SPACE = gym.spaces.Box(-np.inf, np.inf, (), np.float32)
-_EPISODE_CALLBACKS = (
-    "on_episode_created",
-    "on_episode_start",
-    "on_episode_step",
-    "on_episode_end",
-)
+_GET_ACTIONS = GetActions()  # stateless: one instance serves every step
+_EPISODE_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step", "on_episode_end")
 
 
 def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
@@ -103,9 +96,7 @@ def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
     for name in _EPISODE_CALLBACKS:
         if getattr(config, f"callbacks_{name}", None):
             return f"the config sets callbacks_{name}"
-    classes: list[Any] = config.callbacks_class if isinstance(config.callbacks_class, list) else []
-    classes = classes or [config.callbacks_class]
-    for cls in classes:
+    for cls in force_list(config.callbacks_class):
         for name in _EPISODE_CALLBACKS:
             if isinstance(cls, type) and getattr(cls, name, None) is not getattr(
                 RLlibCallback, name
@@ -188,7 +179,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         module = self.module
         runners = self.config.num_env_runners or 1
         num_envs = self.num_envs
-        steps = Steps()
+        steps: list[Step] = []
         extras: dict[str, np.ndarray]
         # An env whose episode ended at the previous step autoresets at this one: ALE ignores
         # its action and returns the first observation of the next episode.
@@ -204,26 +195,21 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 actions, extras = self._actions(module, obs, explore, ts, runners)
             try:
                 with self.metrics.log_time(ENV_STEP_TIMER):
-                    next_obs, rewards, terminated, truncated, infos = ale.step(actions)
+                    result = ale.step(actions)
             except Exception as e:
-                if self._step_failed(e) is ENV_STEP_FAILURE:
-                    # As RLlib: a new env, new episodes; the steps of this call are dropped.
-                    self._reset_batched(explore)
-                    env = self.env
-                    ale = env.unwrapped
-                    steps = Steps()
-                    restarting = np.zeros(num_envs, bool)
-                    lengths = np.zeros(num_envs, int)
-                    ts = 0
-                    continue
-                raise
+                self._step_failed(e)
+                # As RLlib: a new env, new episodes; the steps of this call are dropped.
+                return self._sample_batched(
+                    num_timesteps, explore=explore, random_actions=random_actions, force_reset=True
+                )
+            step = Step(actions, extras, restarting, time.perf_counter(), *result)
+            steps.append(step)
             ts += int(num_envs - restarting.sum())
-            steps.add(next_obs, actions, extras, rewards, terminated, truncated, infos, restarting)
             lengths = np.where(restarting, 0, lengths + 1)
-            self._batched_obs = next_obs
-            restarting = (terminated | truncated) & ~restarting
-        if steps.obs:
-            self._log_env_steps(metric=self._metrics_num_try_env_step, num_steps=len(steps.obs))
+            self._batched_obs = step.obs
+            restarting = (step.terminated | step.truncated) & ~restarting
+        if steps:
+            self._log_env_steps(metric=self._metrics_num_try_env_step, num_steps=len(steps))
         total = int(lengths.sum())
         self.metrics.log_value(ENV_TO_MODULE_SUM_EPISODES_LENGTH_IN, total)
         self.metrics.log_value(ENV_TO_MODULE_SUM_EPISODES_LENGTH_OUT, total)
@@ -233,6 +219,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         self, module: Any, obs: np.ndarray, explore: bool, ts: int, runners: int
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """One forward pass on all envs, then RLlib's GetActions and TensorToNumpy."""
+        episodes: list[Any] = self._ongoing_episodes
         with self.metrics.log_time((ENV_TO_MODULE_CONNECTOR, CONNECTOR_PIPELINE_TIMER)):
             # The module takes channels-last images (the env's observation space), laid out in
             # memory as RLlib's connectors lay them out: the convolutions then pick the same
@@ -246,42 +233,33 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             else:
                 out = module.forward_inference(batch)
         with self.metrics.log_time((MODULE_TO_ENV_CONNECTOR, CONNECTOR_PIPELINE_TIMER)):
-            if Columns.ACTIONS not in out:
-                if explore:
-                    dist_cls = module.get_exploration_action_dist_cls()
-                else:
-                    dist_cls = module.get_inference_action_dist_cls()
-                dist = dist_cls.from_logits(out[Columns.ACTION_DIST_INPUTS])
-                if not explore:
-                    dist = dist.to_deterministic()
-                out[Columns.ACTIONS] = dist.sample()
-                if Columns.ACTION_LOGP not in out:
-                    out[Columns.ACTION_LOGP] = dist.logp(out[Columns.ACTIONS])
-            arrays = to_numpy(out)
+            out = _GET_ACTIONS(rl_module=module, batch=out, episodes=episodes, explore=explore)
+            arrays = cast(dict[str, np.ndarray], convert_to_numpy(out))
             actions = arrays.pop(Columns.ACTIONS)
             arrays.pop(Columns.ACTIONS_FOR_ENV, None)
         return actions, arrays
 
-    def _step_failed(self, error: Exception) -> Any:
-        """RLlib's handling of a failed env step (``EnvRunner._try_env_step``)."""
+    def _step_failed(self, error: Exception) -> None:
+        """RLlib's handling of a failed env step (``EnvRunner._try_env_step``): recreates the
+        env, or raises when ``restart_failed_sub_environments`` is off."""
         self.metrics.log_value(NUM_ENV_STEP_FAILURES_LIFETIME, 1, reduce="lifetime_sum")
         if self.config.restart_failed_sub_environments:
             logger.exception("rllib_amp: env step failed; recreating the env: %s", error)
             self.make_env()
-            return ENV_STEP_FAILURE
+            return
         raise RuntimeError(
             f"{type(self).__name__}: environment step failed and "
             "config.restart_failed_sub_environments is False"
         ) from error
 
     # -- episodes from the arrays -------------------------------------------------------------
-    def _finish(self, steps: Steps, *, num_timesteps: int) -> list[SingleAgentEpisode]:
+    def _finish(self, steps: list[Step], *, num_timesteps: int) -> list[SingleAgentEpisode]:
         """RLlib's episodes from the step arrays: done ones, then ongoing chunks (RLlib's order)."""
         done: list[tuple[int, int, SingleAgentEpisode]] = []
         ongoing: list[SingleAgentEpisode] = []
         continuations: list[SingleAgentEpisode] = []
-        arrays = Arrays(steps) if steps.obs else None
-        num_steps = len(steps.obs)
+        arrays = Arrays(steps) if steps else None
+        num_steps = len(steps)
         horizon = self.config.episode_lookback_horizon
         episodes: list[Any] = self._ongoing_episodes
         for env in range(self.num_envs):
@@ -290,9 +268,10 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             s = 0
             while s < num_steps:
                 assert arrays is not None
-                if arrays.restarted[s, env]:
-                    self._new_reset(episode, arrays, s, env)
-                    rows = np.arange(0)
+                if arrays.restarted[s, env]:  # the autoreset starts the new, empty episode
+                    obs = np.moveaxis(arrays.obs[s][env], 0, -1)
+                    episode.add_env_reset(observation=obs, infos=arrays.info_dicts([s], env)[0])
+                    episode._start_time = arrays.times[s]  # type: ignore[assignment]
                     s += 1
                     continue
                 ends = np.flatnonzero(
@@ -329,12 +308,6 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         self._increase_sampled_metrics(num_timesteps, len(done_episodes))
         return done_episodes + ongoing
 
-    def _new_reset(self, episode: SingleAgentEpisode, arrays: Arrays, s: int, env: int) -> None:
-        """The autoreset at step ``s`` starts ``episode`` (empty until now), as add_env_reset."""
-        obs = np.moveaxis(arrays.obs[s][env], 0, -1)
-        episode.add_env_reset(observation=obs, infos=arrays.info_dicts([s], env)[0])
-        episode._start_time = arrays.times[s]  # type: ignore[assignment]
-
     def _chunk(
         self, base: SingleAgentEpisode, arrays: Arrays, rows: np.ndarray, env: int
     ) -> SingleAgentEpisode:
@@ -351,16 +324,12 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         observations = np.moveaxis(frames, 1, -1)
         last = int(rows[-1])
         extras: dict[str, InfiniteLookbackBuffer] = {}
-        for key, values in {**arrays.extras, WEIGHTS_SEQ_NO: None}.items():
-            new = (
-                np.full(len(rows), self._weights_seq_no, np.int64)
-                if values is None
-                else values[rows, env]
-            )
+        new_extras = {key: values[rows, env] for key, values in arrays.extras.items()}
+        new_extras[WEIGHTS_SEQ_NO] = np.full(len(rows), self._weights_seq_no, np.int64)
+        for key, new in new_extras.items():
             old = base.extra_model_outputs.get(key)
             extras[key] = InfiniteLookbackBuffer(
-                join_arrays(buffer_items(old) if old is not None else None, new),
-                lookback=old.lookback if old is not None else 0,
+                join_arrays(buffer_items(old), new), lookback=0 if old is None else old.lookback
             )
         episode = SingleAgentEpisode(
             id_=base.id_,

@@ -1,8 +1,5 @@
-"""Environments: ALE Atari with DeepMind preprocessing, and any gymnasium id.
-
-``configure_env`` is the one place that points an AlgorithmConfig at an env. ``ALE/*`` ids
-run on ALE's native vector env (``rllib_amp.envs.atari``, uint8 observations) unless
-``env_config`` says ``preprocessing: wrappers`` (RLlib's Python Atari wrappers, float32).
+"""``configure_env``, the one place that points an AlgorithmConfig at an env (any gymnasium
+id; ``ALE/*`` ids on ALE's native vector env or on RLlib's Atari wrappers).
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -14,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,23 +33,15 @@ def is_atari(env_id: str) -> bool:
     return isinstance(env_id, str) and env_id.startswith(ATARI_PREFIX)
 
 
-def _register_ale() -> None:
-    import ale_py
-
-    gym.register_envs(ale_py)
-
-
 def check_env_id(env_id: str) -> None:
     """Raises ValueError naming the nearest registered id when ``env_id`` is unknown. As
     ``gym.make`` does, ``module:Name-v0`` imports ``module`` first (a user's own env, which
     registers itself there; every node's env runners import it too, so it must be installed
     or on their ``PYTHONPATH``)."""
     if is_atari(env_id):
-        _register_ale()
+        atari.register_ale()
     module, _, name = env_id.rpartition(":")
     if module:
-        import importlib
-
         try:
             importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 - any import failure is the user's module
@@ -75,18 +65,13 @@ def check_env_id(env_id: str) -> None:
 
 
 class AtariEnv(gym.Wrapper):
-    """An ALE game with the usual DeepMind preprocessing: the ``wrappers`` path.
+    """An ALE game through RLlib's Atari wrappers (DeepMind preprocessing): the ``wrappers`` path.
 
-    84x84 grayscale, frame skip 4 with max-pooling over the last two frames, a 4-frame
-    stack, up to 30 no-op starts, episodic life, FIRE on reset where the game needs it
-    (RLlib's own Atari wrappers), and rewards clipped to their sign. Observations are
-    float32 in [-1, 1] (x / 128 - 1). The default path is ALE's native vector env
-    (``rllib_amp.envs.atari``); this one stays for comparison and for ale_py options the native
-    env lacks (``mode``, ``difficulty``...).
-
-    ``config``: ``{"id": "ALE/Pong-v5", ...}``; other keys go to ``gym.make`` (e.g.
-    ``repeat_action_probability``). The class is what RLlib gets as ``env``, so env runners
-    on any node build it by import, no registration needed.
+    Observations are float32 in [-1, 1] (x / 128 - 1). The default is ALE's native vector
+    env (``rllib_amp.envs.atari``); this path stays for comparison and for ale_py options the
+    native env lacks (``mode``, ``difficulty``...). ``config``: ``{"id": "ALE/Pong-v5", ...}``;
+    other keys go to ``gym.make``. RLlib gets the class itself as ``env``, so env runners on
+    any node build it by import, no registration needed.
 
     Example:
         >>> env = AtariEnv({"id": "ALE/Pong-v5"})  # doctest: +SKIP
@@ -99,7 +84,7 @@ class AtariEnv(gym.Wrapper):
 
         config = dict(config or {})
         env_id = config.pop("id", "ALE/Pong-v5")
-        _register_ale()
+        atari.register_ale()
         # Frame skipping is done by the wrapper (max-pooled), so the ALE itself skips none.
         kwargs = {"frameskip": 1, "repeat_action_probability": 0.0, **config}
         env = gym.make(env_id, **kwargs)
@@ -111,17 +96,13 @@ class AtariEnv(gym.Wrapper):
 def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None) -> None:
     """Sets ``config`` (an AlgorithmConfig) to sample ``env_id``; the one place that does.
 
-    For ``ALE/*`` ids, ``env_config["preprocessing"]`` picks the path:
-
-    - ``native`` (default): ALE's C++ vector env (``rllib_amp.envs.atari.AleVectorEnv``) with
-      threads, uint8 observations, and the algorithm's RLModule that converts them inside
-      its forward pass (``Algorithm.uint8_module``). Options: ``atari.NATIVE_OPTIONS``.
-    - ``wrappers``: RLlib's Atari wrappers (``AtariEnv``) in a gymnasium SyncVectorEnv,
-      float32 observations in [-1, 1]; other keys go to ``gym.make``.
-
-    and on the native path ``env_config["sampler"]`` how EnvRunners sample it: ``batched``
-    (default; ``envs.batched_runner.BatchedAleEnvRunner``, whole arrays per step) or ``rllib``
-    (RLlib's own per-env loop). Both give the learner the same episodes.
+    For ``ALE/*`` ids ``env_config["preprocessing"]`` picks the path: ``native`` (default;
+    ALE's C++ vector env ``atari.AleVectorEnv``, uint8 observations that the algorithm's
+    RLModule converts in its forward pass, options ``atari.NATIVE_OPTIONS``) or ``wrappers``
+    (``AtariEnv`` in a SyncVectorEnv, float32 observations; other keys go to ``gym.make``).
+    On the native path ``env_config["sampler"]`` picks ``batched`` (default; whole arrays per
+    step, ``batched_runner.BatchedAleEnvRunner``) or ``rllib`` (RLlib's per-env loop); both
+    give the learner the same episodes.
 
     Call it before setting your own RLModuleSpec: the native path sets the module class.
     Raises ValueError naming the key and the fix for an option the chosen path cannot honour.

@@ -1,8 +1,7 @@
 """Model presets (mini / full / high), the BatchNorm option and uint8 image input.
 
-Presets are the three sizes of the autowzry-agent project: ``mini`` (~0.5M parameters),
-``full`` (the Nature CNN, a few million) and ``high`` (~10M), for image input, with MLP
-equivalents for vector input. ``python -m rllib_amp.params`` prints each preset's size.
+Presets are the three sizes of the autowzry-agent project (``full`` is the Nature CNN), with
+MLP equivalents for vector input; ``python -m rllib_amp.params`` prints their sizes.
 
 Example:
     >>> model_config("full", image=True)["conv_filters"][0]
@@ -12,7 +11,7 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -22,12 +21,8 @@ from torch import nn
 
 
 def _nature_cnn(narrow: int, wide: int, hidden: int) -> dict[str, object]:
-    """The Nature CNN's shape at other widths: 8x8/4, 4x4/2, 3x3/1 convs, one hidden layer.
-
-    conv_filters: [out_channels, kernel, stride, padding]; "valid" padding as in the Nature
-    CNN: 84 -> 20 -> 9 -> 7. One encoder shared by the policy and value heads (each head has
-    its own hidden layer).
-    """
+    """The Nature CNN's shape at other widths: 8x8/4, 4x4/2, 3x3/1 "valid" convs (84 -> 20 ->
+    9 -> 7), one encoder shared by the policy and value heads, one hidden layer per head."""
     return {
         "conv_filters": [
             [narrow, 8, 4, "valid"],
@@ -43,9 +38,9 @@ def _nature_cnn(narrow: int, wide: int, hidden: int) -> dict[str, object]:
 
 # RLlib DefaultModelConfig settings per preset.
 IMAGE_PRESETS: dict[str, dict[str, object]] = {
-    "mini": _nature_cnn(16, 32, 128),  # ~0.45M parameters
-    "full": _nature_cnn(32, 64, 512),  # Mnih et al. 2015 (the "Nature CNN"), ~3.3M parameters
-    "high": _nature_cnn(64, 128, 768),  # ~10M parameters
+    "mini": _nature_cnn(16, 32, 128),
+    "full": _nature_cnn(32, 64, 512),  # Mnih et al. 2015 (the "Nature CNN")
+    "high": _nature_cnn(64, 128, 768),
 }
 VECTOR_PRESETS: dict[str, dict[str, object]] = {
     "mini": {"fcnet_hiddens": [64, 64], "fcnet_activation": "tanh"},
@@ -68,11 +63,8 @@ def model_config(
 
 
 def insert_batchnorm(root: nn.Module) -> int:
-    """Puts a BatchNorm2d after every Conv2d inside the Sequentials of ``root``.
-
-    Returns how many were inserted. Used by the ``batchnorm`` model option (the DQN of the
-    autowzry-agent write-up); under AMP these layers run in float32.
-    """
+    """Puts a BatchNorm2d after every Conv2d inside the Sequentials of ``root``; returns how
+    many. The ``batchnorm`` model option (the autowzry-agent DQN); AMP keeps them float32."""
     inserted = 0
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
@@ -90,20 +82,26 @@ def insert_batchnorm(root: nn.Module) -> int:
     return inserted
 
 
-def with_batchnorm(base: type, *, name: str | None = None) -> type:
-    """``base`` (an RLModule class) with a BatchNorm2d after each Conv2d of its encoders.
+def _after_setup(base: type, patch: Callable[[nn.Module], int], name: str) -> type:
+    """``base`` (an RLModule class) whose ``setup`` ends with ``patch(self)``, named ``name``.
 
-    Give the result a module-level name (see ``rllib_amp.algorithms``; ``name`` sets the
-    class name, ``BatchNorm<base>`` by default) so Ray pickles it by reference.
+    Give the result a module-level name (see ``rllib_amp.algorithms``) so Ray pickles it by
+    reference.
     """
 
-    class WithBatchNorm(base):  # type: ignore[valid-type,misc]
+    class Patched(base):  # type: ignore[valid-type,misc]
         def setup(self) -> None:
             super().setup()
-            insert_batchnorm(self)
+            patch(self)
 
-    WithBatchNorm.__name__ = WithBatchNorm.__qualname__ = name or f"BatchNorm{base.__name__}"
-    return WithBatchNorm
+    Patched.__name__ = Patched.__qualname__ = name
+    return Patched
+
+
+def with_batchnorm(base: type, *, name: str | None = None) -> type:
+    """``base`` (an RLModule class) with a BatchNorm2d after each Conv2d of its encoders,
+    named ``name`` (``BatchNorm<base>`` by default)."""
+    return _after_setup(base, insert_batchnorm, name or f"BatchNorm{base.__name__}")
 
 
 def uint8_to_input(x: torch.Tensor) -> torch.Tensor:
@@ -153,8 +151,7 @@ def with_uint8_images(base: type) -> type:
 
     Observations stay uint8 in episodes, train batches and replay buffers (a quarter of
     float32's bytes); the module converts inside its forward pass (``uint8_to_input``). Float
-    observations pass through unchanged. Give the result a module-level name (see
-    ``rllib_amp.algorithms``).
+    observations pass through unchanged.
 
     Example:
         >>> from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
@@ -162,14 +159,7 @@ def with_uint8_images(base: type) -> type:
         >>> with_uint8_images(DefaultPPOTorchRLModule).__name__
         'Uint8DefaultPPOTorchRLModule'
     """
-
-    class WithUint8Images(base):  # type: ignore[valid-type,misc]
-        def setup(self) -> None:
-            super().setup()
-            accept_uint8_images(self)
-
-    WithUint8Images.__name__ = WithUint8Images.__qualname__ = f"Uint8{base.__name__}"
-    return WithUint8Images
+    return _after_setup(base, accept_uint8_images, f"Uint8{base.__name__}")
 
 
 # The observation space of ALE's native vector env (rllib_amp.envs.atari).

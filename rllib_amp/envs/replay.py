@@ -1,16 +1,12 @@
 """RLlib's EpisodeReplayBuffer, with ongoing episodes that grow by their new steps only.
 
-An EnvRunner returns an unfinished episode in chunks, numpy'ized. RLlib's buffer stores the
-first chunk as it comes and appends each later one with ``concat_episode``, which on numpy
-buffers is an ``np.delete`` and an ``np.concatenate`` of the whole episode so far: two copies
-of every stored frame per chunk, quadratic in the episode's length. On Pong DQN (4x84x84
-uint8 frames, 10 envs x 4 steps per chunk, episodes of 800 to 5,000 steps) that was 29% of
-the training process in py-spy, more than the learner's update.
-
-This buffer turns a new unfinished chunk's buffers back into lists (the form RLlib builds an
-episode in, and the one ``concat_episode`` appends to in place), so each later chunk costs its
-own steps. Sampling reads the same steps either way (``episode.slice`` and ``get_*`` serve
-lists and arrays alike); finished episodes that arrive whole stay numpy.
+An EnvRunner returns an unfinished episode in chunks, numpy'ized. RLlib's buffer appends each
+later chunk with ``concat_episode``, which on numpy buffers copies the whole episode so far
+twice: quadratic in the episode's length (docs/dqn.md has what it cost on Pong). This buffer
+turns a new unfinished chunk's buffers back into lists (the form ``concat_episode`` appends
+to in place), so each later chunk costs its own steps. Sampling reads the same steps either
+way (``episode.slice`` and ``get_*`` serve lists and arrays alike); finished episodes that
+arrive whole stay numpy.
 
 Example:
     >>> from ray.rllib.env.single_agent_episode import SingleAgentEpisode
