@@ -177,9 +177,8 @@ def _tune(
     from rllib_amp.sweep import grafana
     from rllib_amp.sweep import resources as sweep_resources
 
-    # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
-    # starts is sized before it starts, so a trial that can never fit fails within seconds
-    # (Ray's own start takes longer than that on a busy machine).
+    # A local Ray (no autoscaler) is all a trial can ever get. One this command starts is
+    # sized before it starts: a trial that can never fit fails within seconds, not a Ray start.
     local, started = address is None, not ray.is_initialized()
     predicted = sweep_resources.local_capacity() if local and started else None
     if predicted is not None:

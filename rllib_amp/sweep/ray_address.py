@@ -58,10 +58,10 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
         Traceback (most recent call last):
         rllib_amp.cli.UsageError: --address: nothing answers at 127.0.0.1:1 (...); ...
     """
+    local = "unset RAY_ADDRESS" if where == "RAY_ADDRESS" else "drop --address"
     fix = (
-        "start the cluster (ray start --head) or pass the address it printed"
-        + (", or unset RAY_ADDRESS to run on a local Ray" if where == "RAY_ADDRESS" else "")
-        + (", or drop --address to run on a local Ray" if where == "--address" else "")
+        f"start the cluster (ray start --head) or pass the address it printed, or {local} to "
+        f"run on a local Ray"
     )
     if address == "local":
         return
@@ -121,8 +121,7 @@ def start_ray(address: str | None, where: str) -> str | None:
     kept (``ray.init`` puts its own ``sys.exit(15)`` there)."""
     import ray
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         context = ray.init(address=address or "local", log_to_driver=False)
     except SystemExit as e:
@@ -149,7 +148,7 @@ def start_ray(address: str | None, where: str) -> str | None:
             f"the address and that the cluster runs the same Ray and Python versions"
         ) from None
     finally:
-        if main_thread and sigterm is not None:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
     info = getattr(context, "address_info", None) or {}  # Ray Client's context has none
     return info.get("session_dir")

@@ -98,7 +98,7 @@ def _normalise(location: str, where: str) -> str:
     return location
 
 
-def check_reachable(location: str, *, where: str = "--storage-path") -> None:
+def check_reachable(location: str) -> None:
     """StorageError when the endpoint of ``location`` does not answer within the remote
     timeout (``rllib_amp.fs.probe``). Local paths are not asked.
 
@@ -109,9 +109,9 @@ def check_reachable(location: str, *, where: str = "--storage-path") -> None:
         files.probe(location)
     except (OSError, ValueError) as e:
         raise StorageError(
-            f"{where}: cannot reach {location} ({files.error_line(e)}); check that its "
+            f"--storage-path: cannot reach {location} ({files.error_line(e)}); check that its "
             f"endpoint is up and reachable from this machine and the credentials, or "
-            f"pass another {where}"
+            f"pass another --storage-path"
         ) from None
 
 
@@ -241,7 +241,9 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
             ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
             for ref in [*pending, *ready]:
                 if (why := _unread(ref, ref in ready, token, timeout_s)) is not None:
-                    failures.append(f"{_node_name(refs[ref])}: {why}")
+                    node = refs[ref]
+                    where = f"node {node['NodeID'][:8]} at {node.get('NodeManagerAddress', '?')}"
+                    failures.append(f"{where}: {why}")
     except (OSError, ValueError) as e:
         raise StorageError(
             f"--storage-path: cannot write to {location} ({files.error_line(e)}); {FIX}"
@@ -253,10 +255,6 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
             f"checkpoints; {FIX}"
         )
     return len(nodes)
-
-
-def _node_name(node: Mapping[str, str]) -> str:
-    return f"node {node['NodeID'][:8]} at {node.get('NodeManagerAddress', '?')}"
 
 
 def _unread(ref: ray.ObjectRef[bytes], ready: bool, token: bytes, timeout_s: float) -> str | None:
