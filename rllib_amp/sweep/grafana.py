@@ -34,8 +34,7 @@ RAY_DEFAULT_DASHBOARD = "default_grafana_dashboard.json"
 
 
 def grafana_dashboard_dir(session_dir: str | None = None) -> str | None:
-    """The folder Ray's Grafana provisioning reads dashboards from, on this node; None where
-    there is none (a worker node, or a Ray without its dashboard)."""
+    """The folder Ray's Grafana provisioning reads dashboards from on this node, or None."""
     explicit = os.environ.get(GRAFANA_OUTPUT_DIR_ENV)
     if explicit:
         return explicit
@@ -56,13 +55,9 @@ def grafana_dashboard_dir(session_dir: str | None = None) -> str | None:
 
 
 def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> str | None:
-    """Copies the AMP dashboard where Ray's Grafana provisioning picks it up; returns its
-    path, or None when this node has no such folder (run it on the head).
-
-    Ray's metrics module clears and rewrites that folder when the dashboard starts, so this
-    waits (up to ``wait_s``) for Ray's own dashboard file before adding ours. The dashboard
-    is a convenience: a folder that cannot take it (a file in its place, no permission, a
-    full or read-only disk) logs one WARNING saying why, and None is returned.
+    """Copies the AMP dashboard where Ray's Grafana provisioning picks it up, once Ray has
+    (re)written that folder (up to ``wait_s``); its path, or None when this node has no such
+    folder (run it on the head) or it cannot take it (one WARNING says why).
 
     Example:
         >>> ray.init()  # doctest: +SKIP

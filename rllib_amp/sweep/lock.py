@@ -48,9 +48,7 @@ def locks_released() -> Iterator[None]:
 
 def lock(storage: str, name: str, where: str = "--name") -> None:
     """Takes experiment ``name``'s lock, or refuses (UsageError, exit 2) naming the run that
-    holds it; a lock its command left (killed) is taken over with a line saying so. On an
-    object store it is a check then a write: two commands within one moment are not told
-    apart, and a lock from another host is never judged stale (its pid is not checkable)."""
+    holds it; a lock its command left (killed) is taken over with a line saying so."""
     location = files.join(storage, name, LOCK_FILE)
     fs, path = files.resolve(location)
     # A folder the lock brings into being goes with it: a start refused later leaves nothing.
@@ -69,8 +67,7 @@ def lock(storage: str, name: str, where: str = "--name") -> None:
 
 
 def check_unlocked(storage: str, name: str, where: str) -> None:
-    """Exit 2 when a live run holds experiment ``name``'s lock (checked first, so the answer
-    names the run that has it, not what it wrote)."""
+    """Exit 2 when a live run holds experiment ``name``'s lock."""
     try:
         owner = _holder(*files.resolve(files.join(storage, name, LOCK_FILE)))
     except (OSError, ValueError):
@@ -97,8 +94,7 @@ def unlock(location: str) -> None:
 
 
 def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str) -> bool:
-    """Makes this process the lock's owner, or False when another took it in between (its
-    owner is named at the next look). What a command that ended left is taken over."""
+    """Makes this process the lock's owner, or False when another took it in between."""
     held = None
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -130,8 +126,7 @@ def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str) -> boo
 
 def _holder(fs: pyarrow.fs.FileSystem, path: str) -> Owner | None:
     """The live run that holds the lock at ``path`` (``{}``: its file is being written or
-    unreadable), or None: no file, a local file no process holds, or on an object store a
-    pid that no longer runs on this host (``_is_stale``)."""
+    unreadable), or None: no file, a local file no process holds, or a stale one."""
     local = isinstance(fs, pyarrow.fs.LocalFileSystem)
     if local:
         if not os.path.exists(path):
@@ -165,7 +160,6 @@ def _me() -> Owner:
 
 
 def _is_stale(owner: Owner) -> bool:
-    """Whether the lock's pid no longer runs on this host (another host's: never known)."""
     pid = owner.get("pid")
     if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return False

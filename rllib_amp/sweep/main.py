@@ -1,23 +1,14 @@
 """``python -m rllib_amp.tune``: sweep AMP scaler settings and batch size with Ray Tune.
 
-Runs one experiment file (default ``tune_configs/cartpole_ppo_amp.yaml``) on a local Ray
-started in-process, or on a cluster (``--address auto`` on a node of it). Prints Tune's
-progress table with AMP columns, then a summary of all trials sorted by the metric, the best
-trial's checkpoint, and writes ``results.parquet`` (one row per trial) to the experiment
-folder. Storage is a local path, a shared mount or a URI (``s3://``, ``gs://``, ...; see
-``rllib_amp.sweep.storage``). Before any trial starts it checks what would otherwise fail late: on
-a multi-node cluster, that every node reaches the storage; on a local Ray, that a trial's
-resources fit the machine (``--fit-to-machine`` scales them down). Exit status: 0 success,
-1 a trial failed or did not finish, or the local Ray it started died under the sweep (one
-line, the ``--resume`` command), 2 bad input (anything knowable before the first trial
-starts), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (``ray job stop``, a scheduler;
-after either, ``--resume`` continues).
+Runs one experiment file on a local Ray started in-process, or on a cluster (``--address``),
+checks before any trial what would otherwise fail late (storage every node reaches, resources
+that fit a local Ray), then prints the summary and writes ``results.parquet``. The flags, the
+exit statuses (0, 1, 2, 130, 143) and each fault's line: docs/cli.md.
 
 Example:
     python -m rllib_amp.tune --set stop.training_iteration=2 --num-samples 1
     python -m rllib_amp.tune --config tune_configs/pong_ppo_amp.yaml --address auto \
         --storage-path s3://my-bucket/experiments
-    python -m rllib_amp.tune --config tune_configs/pong_ppo_amp.yaml --fit-to-machine
 """
 
 from __future__ import annotations
@@ -179,20 +170,15 @@ def _tune(
 ) -> tuple[Experiment, str, ResultGrid, int]:
     """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
     result grid, the signal that stopped it or 0)``. A new run (``name`` None) takes its name
-    once every check has passed, so a refused start leaves no folder. Everything that fails
-    before the first trial is exit 2. A local Ray it starts is watched from its start to its
-    shutdown, in the command's own process only (``LocalRayWatchdog``; on a cluster, Ray ends
-    a driver whose GCS is gone); ``stop.resume_command`` is set once the run can be
-    continued."""
+    once every check has passed, so a refused start leaves no folder. A local Ray it starts is
+    watched until its shutdown (``LocalRayWatchdog``; on a cluster Ray ends the driver)."""
     import ray
 
     from rllib_amp.sweep import grafana
     from rllib_amp.sweep import resources as sweep_resources
-    from rllib_amp.sweep import tuner as sweep_tuner
 
-    # A local Ray (no autoscaler): what it has is all a trial can ever get. One this command
-    # starts is sized before it starts, so a trial that can never fit fails within seconds
-    # (Ray's own start takes longer than that on a busy machine).
+    # A local Ray (no autoscaler) is all a trial can ever get. One this command starts is
+    # sized before it starts: a trial that can never fit fails within seconds, not a Ray start.
     local, started = address is None, not ray.is_initialized()
     predicted = sweep_resources.local_capacity() if local and started else None
     if predicted is not None:
@@ -227,7 +213,7 @@ def _tune(
         notices.release()
         try:
             with sweep_storage.keep_files_whole():  # a full disk keeps each file's last whole copy
-                grid, interrupted = sweep_tuner.fit(tuner)
+                grid, interrupted = stop.fit(tuner)
         except OSError as e:  # Tune reading back a storage that failed under the trials?
             if not sweep_storage.failed(e, files.join(storage, name)):
                 raise
@@ -245,9 +231,8 @@ def _tune(
 
 
 def _discard_unstarted(storage: str, name: str) -> bool:
-    """A new run stopped before Tune's loop holds no experiment state, so ``--resume`` could
-    not continue it: what it wrote (Tune's tuner.pkl, experiment.yaml, its lock) goes, and the
-    same command starts it again. True once it is gone; a run whose state Tune saved stays."""
+    """A new run stopped before Tune's loop has no experiment state to resume: what it wrote
+    (tuner.pkl, experiment.yaml, the lock) goes, and True; a run with a saved state stays."""
     try:
         fs, path = files.resolve(files.join(storage, name))
         if files.experiment_state_file(fs, path) is not None:
@@ -295,9 +280,7 @@ def _report(
     stop: StopOnSignals,
 ) -> int:
     """Prints the trials, the best checkpoint and the recommendation, writes results.parquet;
-    the exit status: 0 all done, 1 a trial failed or did not finish or Ray died under the
-    sweep (a line on stderr says so, with the --resume command), 128 + the signal that
-    stopped it (130 SIGINT, 143 SIGTERM)."""
+    the exit status: 0, 1 (a trial failed or did not finish, Ray died) or 128 + the signal."""
     from rllib_amp.sweep import figure, groups, recommend, summary
 
     exp_dir = files.join(storage, name)
@@ -348,9 +331,8 @@ def _report(
 def _fit_resources(
     exp: Experiment, args: argparse.Namespace, capacity: Mapping[str, float]
 ) -> Experiment:
-    """On a local Ray (no autoscaler), a trial that needs more CPUs or GPUs than the machine
-    has would stay PENDING forever: exit 2 with the numbers and the fix, or scale it down
-    with --fit-to-machine. (On a cluster pending trials are normal: nodes can be added.)"""
+    """On a local Ray (no autoscaler) a trial that does not fit would stay PENDING forever:
+    exit 2 with the numbers and the fix, or scale it down with --fit-to-machine."""
     from rllib_amp.sweep import resources as sweep_resources
 
     if not args.fit_to_machine:
@@ -370,17 +352,15 @@ def _fit_resources(
 def main(argv: Sequence[str] | None = None) -> int:
     # Tune's classic reporter, so the AMP columns show in the progress table.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    return main_wrapper(PROG, _run_with_bad_input_as_usage, argv)
+    bad_input = (sweep_storage.StorageError, ResourceError)
+    return main_wrapper(PROG, _run_with_bad_input_as_usage, argv, errors=bad_input)
 
 
 def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
-    """``run``, with the experiment's, the storage's and the resources' own errors (bad
-    input all) as UsageError. ExperimentError is looked up only once its module is loaded:
-    ``--help`` and the flag errors answer without importing the experiment schema."""
+    """``run``, with ExperimentError (bad input) as UsageError, looked up only once its module
+    is loaded: ``--help`` and the flag errors answer without importing the schema."""
     try:
         return run(argv)
-    except (sweep_storage.StorageError, ResourceError) as e:
-        raise UsageError(str(e)) from None
     except Exception as e:
         experiment = sys.modules.get("rllib_amp.experiment")
         if experiment is not None and isinstance(e, experiment.ExperimentError):

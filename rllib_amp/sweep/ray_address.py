@@ -35,8 +35,8 @@ _HTTP2_SETTINGS = 4
 
 
 def ray_address(args: argparse.Namespace) -> tuple[str | None, str]:
-    """The cluster to join and where it was given; ``(None, "")`` for a Ray of our own.
-    RAY_ADDRESS counts as --address, as in every Ray tool (``ray job submit`` sets it)."""
+    """The cluster to join and where it was given (RAY_ADDRESS counts, as in every Ray tool);
+    ``(None, "")`` for a Ray of our own."""
     if args.address is not None:
         if not args.address.strip():
             raise UsageError(
@@ -58,10 +58,10 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
         Traceback (most recent call last):
         rllib_amp.cli.UsageError: --address: nothing answers at 127.0.0.1:1 (...); ...
     """
+    local = "unset RAY_ADDRESS" if where == "RAY_ADDRESS" else "drop --address"
     fix = (
-        "start the cluster (ray start --head) or pass the address it printed"
-        + (", or unset RAY_ADDRESS to run on a local Ray" if where == "RAY_ADDRESS" else "")
-        + (", or drop --address to run on a local Ray" if where == "--address" else "")
+        f"start the cluster (ray start --head) or pass the address it printed, or {local} to "
+        f"run on a local Ray"
     )
     if address == "local":
         return
@@ -116,14 +116,12 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 def start_ray(address: str | None, where: str) -> str | None:
-    """``ray.init`` (without an address: a fresh local Ray, never one an earlier ``ray start``
-    recorded), its failures as UsageError; the session folder of the Ray joined (None through
-    Ray Client). The SIGTERM handler found before is kept (``ray.init`` puts its own
-    ``sys.exit(15)`` there), and a SIGTERM during ``ray.init`` is ``Interrupted``."""
+    """``ray.init`` (no address: a fresh local Ray), its failures as UsageError; the session
+    folder of the Ray joined (None through Ray Client). The SIGTERM handler found before is
+    kept (``ray.init`` puts its own ``sys.exit(15)`` there)."""
     import ray
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         context = ray.init(address=address or "local", log_to_driver=False)
     except SystemExit as e:
@@ -150,7 +148,7 @@ def start_ray(address: str | None, where: str) -> str | None:
             f"the address and that the cluster runs the same Ray and Python versions"
         ) from None
     finally:
-        if main_thread and sigterm is not None:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
     info = getattr(context, "address_info", None) or {}  # Ray Client's context has none
     return info.get("session_dir")
@@ -165,17 +163,11 @@ RAY_PROCESSES = ("raylet", "gcs_server")  # the names of Ray's executables
 
 @dataclass(eq=False)  # one watchdog is one thread: compared by identity
 class LocalRayWatchdog:
-    """For the command's own process only (``rllib_amp.cli.may_end_process``): watches, in a
-    daemon thread, the raylet and GCS server of the local Ray this process started (its
-    children). Once one is gone it calls ``on_death(what)`` ("its raylet (pid 123) was killed
-    by SIGKILL"); if not released ``grace_s`` later (stuck in a call to the dead Ray), it calls
-    ``on_stuck(what)``, ends what is left of that Ray and exits 1. After ``release``: nothing.
-
-    Example:
-        >>> watchdog = LocalRayWatchdog(on_death=print, on_stuck=print)  # doctest: +SKIP
-        >>> watchdog.start(start_ray(None, ""))  # doctest: +SKIP
-        >>> watchdog.stop_checking(); ray.shutdown(); watchdog.release()  # doctest: +SKIP
-    """
+    """For the command's own process only (``rllib_amp.cli.may_end_process``): waits, in a
+    daemon thread, on the raylet and GCS server of the local Ray this process started. Once
+    one is gone it calls ``on_death(what)``; if not released ``grace_s`` later (stuck in a
+    call to the dead Ray), ``on_stuck(what)``, then it ends what is left of that Ray and
+    exits 1. Used as ``start``, ``stop_checking`` before ``ray.shutdown``, ``release``."""
 
     on_death: Callable[[str], None]
     on_stuck: Callable[[str], None]
@@ -183,16 +175,14 @@ class LocalRayWatchdog:
     grace_s: float = RAY_DEATH_GRACE_S
     _checking: threading.Event = field(default_factory=threading.Event, init=False)
     _released: threading.Event = field(default_factory=threading.Event, init=False)
-    # Held while a callback runs: release waits for it.
     _calling: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def start(self, session_dir: str) -> None:
-        """Watches the Ray processes among this process's children; those naming
-        ``session_dir`` (``start_ray``'s answer) are ended with a stuck command."""
+        """Watches the Ray processes among this process's children (none: nothing to do)."""
         import psutil  # Ray's own copy (ray/thirdparty_files), importable once ray is
 
         watched = {p: p.name() for p in psutil.Process().children() if p.name() in RAY_PROCESSES}
-        if not watched:  # not a Ray this process started
+        if not watched:
             return
         self._checking.set()
         thread = threading.Thread(target=self._run, args=(watched, session_dir), daemon=True)
@@ -200,7 +190,6 @@ class LocalRayWatchdog:
         thread.start()
 
     def stop_checking(self) -> None:
-        """No check from now on (before ``ray.shutdown``, which ends the watched processes)."""
         self._checking.clear()
 
     def release(self) -> None:
@@ -233,9 +222,8 @@ class LocalRayWatchdog:
 
 
 def end_local_ray(session_dir: str) -> None:
-    """Kills what is left of the local Ray this process started, for a command that exits
-    without ``ray.shutdown``: its descendants, and the processes naming ``session_dir``
-    (workers and agents whose raylet is gone outlive it otherwise)."""
+    """Kills this process's descendants and the processes naming ``session_dir`` (workers
+    and agents whose raylet is gone outlive it otherwise), for an exit without ray.shutdown."""
     import psutil
 
     me = psutil.Process()

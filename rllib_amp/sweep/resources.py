@@ -83,15 +83,9 @@ class RllibNotices:
 
 @dataclass(frozen=True)
 class TrialRequest:
-    """One trial's placement group, as RLlib asks Tune for it.
-
-    Attributes:
-        bundles: One mapping per process: the trial process first, then env runners,
-            then learners (RLlib's order).
-        total: The CPUs and GPUs of all bundles together.
-        num_env_runners: How many of the bundles after the first are env runners.
-        num_learners: How many of the last bundles are learners.
-    """
+    """One trial's placement group as RLlib asks Tune for it: a bundle per process (the trial
+    process, then env runners, then learners), their CPUs and GPUs in all, and how many
+    bundles are env runners and learners."""
 
     bundles: tuple[Mapping[str, float], ...]
     total: dict[str, float]
@@ -136,8 +130,7 @@ def trial_request(config: AlgorithmConfig) -> TrialRequest:
         >>> trial_request(PPOConfig().env_runners(num_env_runners=2)).total
         {'CPU': 3.0, 'GPU': 0.0}
     """
-    # An experiment always names its algorithm, and on RLlib's new API stack it answers with
-    # a PlacementGroupFactory.
+    # On RLlib's new API stack the answer is a PlacementGroupFactory.
     request = cast("type[Algorithm]", config.algo_class).default_resource_request
     pgf = cast("PlacementGroupFactory", request(config.to_dict()))
     return TrialRequest(
@@ -161,9 +154,8 @@ def requests(exp: Experiment) -> list[tuple[dict[str, object], TrialRequest]]:
 
 
 def check_fits(exp: Experiment, capacity: Mapping[str, float]) -> None:
-    """Raises ResourceError when a trial of ``exp`` needs more than ``capacity`` (what the
-    local Ray has: ``ray.cluster_resources()``), with the numbers and the ``--set``
-    overrides that fit.
+    """ResourceError when a trial of ``exp`` needs more than ``capacity`` (the local Ray's),
+    with the numbers and the ``--set`` overrides that fit.
 
     Example:
         >>> from rllib_amp import experiment
@@ -260,9 +252,8 @@ def capacity_of(resources: Mapping[str, float]) -> dict[str, float]:
 
 
 def local_capacity() -> dict[str, float] | None:
-    """The CPUs and GPUs a Ray started in this process (``ray.init()``) will have, as Ray
-    itself works them out (cgroup limits, visible GPUs), before starting it; None if this
-    Ray version cannot tell.
+    """The CPUs and GPUs a Ray started by ``ray.init()`` will have, as Ray works them out
+    (cgroup limits, visible GPUs), before starting it; None if this Ray cannot tell.
 
     Example:
         >>> local_capacity()  # doctest: +SKIP

@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 # The resolved experiment of the first start, beside results.parquet: --resume compares to it.
 EXPERIMENT_FILE = "experiment.yaml"
-# Keys of the resolved experiment that may change between a run and its --resume.
-UNCOMPARED_KEYS = ("storage_path",)
 STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"  # sorts in time order; no ':', so a folder name anywhere
 _STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d"
 _NAME = re.compile(r"[\w][\w.+=-]{0,199}")
@@ -96,9 +94,8 @@ def newest_run(base: str, storage: str) -> str | None:
 
 
 def new_run_name(base: str, storage: str) -> str:
-    """A name no run in ``storage`` has (``timestamped``), locked. On a local path its folder
-    is made here, atomically, so two commands started at once never share one (an object store
-    has no folders: there the check is all there is)."""
+    """A name no run in ``storage`` has (``timestamped``), locked; on a local path its folder
+    is made atomically, so two commands started at once never share one."""
     now = datetime.datetime.now()
     for n in range(1, _MAX_NAME_TRIES + 1):
         name = timestamped(base, now, n)
@@ -125,8 +122,7 @@ def new_run_name(base: str, storage: str) -> str:
 
 
 def release(storage: str, name: str) -> None:
-    """Unlocks a new run and removes its folder if it left nothing in it (failed before Tune
-    wrote), so an empty folder is never taken for a run."""
+    """Unlocks a new run and removes its folder if empty (an empty folder is no run)."""
     unlock(files.join(storage, name, LOCK_FILE))
     if not files.is_uri(storage):
         with contextlib.suppress(OSError):  # it holds the run's files, or is gone
@@ -138,9 +134,8 @@ class Finished(Exception):
 
 
 def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> str | None:
-    """The experiment name of this start, or None for a new run of file ``base``
-    (``new_run_name``). Exit 2 for a bad name, a ``--resume`` with nothing to resume or an
-    explicit ``--name`` in use; ``Finished`` for a ``--resume`` of a finished run."""
+    """The experiment name of this start, or None for a new run of file ``base``; exit 2
+    for a bad or taken name or nothing to resume; ``Finished`` for a finished run."""
     if name is not None:
         check_name(name)
         if not resume:
@@ -186,8 +181,7 @@ def _all(trials: int) -> str:
 def finished(exp_dir: str) -> tuple[int, str] | None:
     """``(trials, results.parquet's location)`` when the run at ``exp_dir`` finished: every
     trial TERMINATED in Tune's newest ``experiment_state-*.json`` and its results.parquet
-    written; else None (trials to continue, no summary yet, storage that cannot be read).
-    Reads JSON only: no Ray, no RLlib.
+    written; else None. Reads JSON only: no Ray, no RLlib.
 
     Example:
         >>> import tempfile
@@ -210,8 +204,8 @@ def finished(exp_dir: str) -> tuple[int, str] | None:
 
 
 def refuse_taken(storage: str, name: str) -> None:
-    """Exit 2 when an experiment named ``name`` (given with --name) is already in
-    ``storage``: Tune would start a new one in its folder and orphan the old trials."""
+    """Exit 2 when ``storage`` already holds an experiment ``name`` (Tune would start a new
+    one in its folder and orphan the old trials)."""
     check_unlocked(storage, name, "--name")
     exp_dir = files.join(storage, name)
     if (done := finished(exp_dir)) is not None:
@@ -229,12 +223,12 @@ def refuse_taken(storage: str, name: str) -> None:
 
 
 def run_spec(exp: Experiment, num_samples: int | None) -> dict[str, object]:
-    """What a run is: the resolved experiment, with --num-samples in it."""
+    """What a run is: the resolved experiment, with --num-samples in it; its storage_path
+    may change between a run and its --resume."""
     spec = exp.resolved()
     if num_samples is not None:
         spec["tune"] = {**exp.tune, "num_samples": num_samples}
-    for key in UNCOMPARED_KEYS:
-        spec.pop(key, None)
+    spec.pop("storage_path", None)
     return spec
 
 
@@ -300,8 +294,8 @@ def resume_command(args: argparse.Namespace, exp: Experiment, name: str, storage
 
 
 def taken(exp_dir: str) -> bool:
-    """Whether anything but a lone lock (a run that ended before it wrote) is at ``exp_dir``.
-    Storage that cannot be reached is not judged here: a real run's check_writable names it."""
+    """Whether anything but a lone lock is at ``exp_dir`` (unreachable storage: False, for
+    the run's check_writable to name)."""
     try:
         fs, path = files.resolve(exp_dir)
         if files.is_file(fs, path):
@@ -323,8 +317,7 @@ def can_restore(exp_dir: str) -> bool:
 
 @contextlib.contextmanager
 def warnings_on_stderr(logger_name: str) -> Iterator[None]:
-    """Within it, the WARNINGs of logger ``logger_name`` are shown as "WARNING ..." on stderr
-    whatever logging this process has set up (none: the CLI is the program), and only once."""
+    """Within it, the WARNINGs of logger ``logger_name`` go to stderr once, as "WARNING ..."."""
     logger = logging.getLogger(logger_name)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
@@ -339,8 +332,7 @@ def warnings_on_stderr(logger_name: str) -> Iterator[None]:
 
 def fall_back_to_intact_checkpoints(exp_dir: str, restart_damaged: bool = False) -> None:
     """Before Tuner.restore: trials whose latest checkpoint is damaged resume from their newest
-    intact one (a WARNING names both). Exit 2 for a trial with no intact checkpoint left,
-    unless ``restart_damaged`` (--restart-damaged): it runs again from its first iteration."""
+    intact one; exit 2 for one with none left, unless ``restart_damaged``."""
     from rllib_amp.checkpoints import fallback as checkpoint_fallback
 
     try:

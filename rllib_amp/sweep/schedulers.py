@@ -1,15 +1,9 @@
 """Tune schedulers for an experiment's ``tune.scheduler``: ASHA, and Population Based Training.
 
-PBT (``tune.scheduler: pbt``) every ``tune.pbt.perturbation_interval`` training iterations
-replaces the worst quantile of trials by copies of the best (exploit: the donor's checkpoint,
-scaler state included) with some settings changed (explore: ``hyperparam_mutations``). What
-wins after an exploit (see docs/update-step.md): the recipient's own, possibly mutated,
-``growth_interval``, ``growth_factor`` and ``backoff_factor``; the donor's live scale and
-growth tracker. ``init_scale`` and ``warm_start`` cannot mutate (the schema refuses them).
-
-Mutations are given by dotted experiment keys; Tune needs them where they sit in a trial's
-config dict (AMP settings under ``learner_config_dict.rllib_amp``), which ``config_path``
-(``rllib_amp.sweep.summary.config_path``) says.
+PBT's exploit copies the donor's checkpoint, scaler state included (what wins after it:
+docs/update-step.md). Mutations are given by dotted experiment keys; Tune needs them where
+they sit in a trial's config dict (AMP settings under ``learner_config_dict.rllib_amp``),
+which ``config_path`` (``rllib_amp.sweep.summary.config_path``) says.
 
 Example:
     >>> from rllib_amp import experiment as E
@@ -55,8 +49,7 @@ def nest(flat: Mapping[tuple[str, ...], object]) -> dict[str, Any]:
 
 class KeepInRange:
     """PBT's ``custom_explore_fn``: a perturbed range value (x 0.8 or x 1.2) is clipped back
-    into the range the file gave, so a mutation never reaches a value the schema refused
-    (``backoff_factor`` 0.9 x 1.2 would be >= 1)."""
+    into the file's range (``backoff_factor`` 0.9 x 1.2 would be >= 1, which the schema refuses)."""
 
     def __init__(self, bounds: Mapping[tuple[str, ...], tuple[float, float]]) -> None:
         self.bounds = dict(bounds)

@@ -98,9 +98,9 @@ def _normalise(location: str, where: str) -> str:
     return location
 
 
-def check_reachable(location: str, *, where: str = "--storage-path") -> None:
-    """StorageError naming ``location``, the cause and the fix when its endpoint does not
-    answer within the remote timeout (``rllib_amp.fs.probe``). Local paths are not asked.
+def check_reachable(location: str) -> None:
+    """StorageError when the endpoint of ``location`` does not answer within the remote
+    timeout (``rllib_amp.fs.probe``). Local paths are not asked.
 
     Example:
         >>> check_reachable("/tmp")  # local: nothing to reach
@@ -109,14 +109,14 @@ def check_reachable(location: str, *, where: str = "--storage-path") -> None:
         files.probe(location)
     except (OSError, ValueError) as e:
         raise StorageError(
-            f"{where}: cannot reach {location} ({files.error_line(e)}); check that its "
+            f"--storage-path: cannot reach {location} ({files.error_line(e)}); check that its "
             f"endpoint is up and reachable from this machine and the credentials, or "
-            f"pass another {where}"
+            f"pass another --storage-path"
         ) from None
 
 
 def _write_failure(location: str) -> OSError | ValueError | None:
-    """What went wrong writing a marker to ``location``, reading it back and removing it."""
+    """Why a marker cannot be written to ``location``, read back and removed, or None."""
     try:
         with files.write_probe(location) as (marker, token):
             if _read_marker(marker) != token:
@@ -132,9 +132,8 @@ def _read_marker(location: str) -> bytes:
 
 
 def check_writable(location: str) -> None:
-    """StorageError with the cause when a marker cannot be written to ``location``, read
-    back and removed (a missing bucket, no credentials, a read-only folder), or its
-    endpoint does not answer (``check_reachable``).
+    """StorageError with the cause when ``location`` does not answer or a marker cannot be
+    written there, read back and removed (a missing bucket, no credentials, read-only).
 
     Example:
         >>> check_writable("/tmp")  # returns None when the driver can use it
@@ -149,8 +148,7 @@ def check_writable(location: str) -> None:
 
 def failed(error: BaseException, exp_dir: str) -> bool:
     """Whether ``error`` (an OSError out of Tune's run) is the storage at ``exp_dir`` failing:
-    a refused write's errno (``FAILED_ERRNOS``) on a path in a local ``exp_dir``, or a fresh
-    check of it failing now (reachable, a marker written).
+    a refused write's errno on a path in a local ``exp_dir``, or a fresh check failing now.
 
     Example:
         >>> import tempfile
@@ -197,8 +195,8 @@ def stopped_on_storage(error: str | None) -> bool:
 
 
 def storage_fault(exp_dir: str, rows: Sequence[Mapping[str, object]]) -> str | None:
-    """One line naming the storage error of a run (a marker cannot be written to ``exp_dir``
-    now, or trials stopped on it), said once for all trials, or None when there was none.
+    """One line naming the storage error of a run (``exp_dir`` unwritable now, or trials
+    stopped on it), said once for all trials, or None.
 
     Example:
         >>> import tempfile
@@ -217,9 +215,8 @@ def storage_fault(exp_dir: str, rows: Sequence[Mapping[str, object]]) -> str | N
 
 
 def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOUT_S) -> int:
-    """Proves every alive node of the connected Ray cluster reads a marker the driver wrote,
-    from a tiny task pinned to each (0 CPUs, so busy or CPU-less nodes answer too): the
-    number of nodes (nothing is checked on one), or StorageError naming those that could not.
+    """Proves every alive node reads a marker the driver wrote, from a 0-CPU task pinned to
+    each: the number of nodes (nothing is checked on one), or StorageError naming the others.
 
     Example:
         >>> check_reachable_from_nodes("s3://bucket/experiments")  # doctest: +SKIP
@@ -244,7 +241,9 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
             ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
             for ref in [*pending, *ready]:
                 if (why := _unread(ref, ref in ready, token, timeout_s)) is not None:
-                    failures.append(f"{_node_name(refs[ref])}: {why}")
+                    node = refs[ref]
+                    where = f"node {node['NodeID'][:8]} at {node.get('NodeManagerAddress', '?')}"
+                    failures.append(f"{where}: {why}")
     except (OSError, ValueError) as e:
         raise StorageError(
             f"--storage-path: cannot write to {location} ({files.error_line(e)}); {FIX}"
@@ -256,10 +255,6 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
             f"checkpoints; {FIX}"
         )
     return len(nodes)
-
-
-def _node_name(node: Mapping[str, str]) -> str:
-    return f"node {node['NodeID'][:8]} at {node.get('NodeManagerAddress', '?')}"
 
 
 def _unread(ref: ray.ObjectRef[bytes], ready: bool, token: bytes, timeout_s: float) -> str | None:
@@ -279,12 +274,10 @@ def _unread(ref: ray.ObjectRef[bytes], ready: bool, token: bytes, timeout_s: flo
 @contextlib.contextmanager
 def keep_files_whole() -> Iterator[None]:
     """Within it, each file Tune uploads to a local or mounted storage replaces the old one
-    whole or not at all: Tune copies its experiment state and each ``result.json`` over the
-    old file again and again, and the copy that met a full disk cut it (seen: a state cut
-    mid-JSON, which ``--resume`` could not read). Each file goes to ``<name>.rllib-amp-partial``
-    and is renamed over the old one once complete (object stores do that already), through
-    Tune's copy function ``ray.train._internal.storage._pyarrow_fs_copy_files``, replaced
-    until the block ends (tests/unit/sweep/test_storage.py pins it); nested uses wrap once.
+    whole or not at all (a full disk cut Tune's experiment state mid-JSON, which ``--resume``
+    could not read): it goes to ``<name>.rllib-amp-partial``, renamed over the old one once
+    complete, through a replacement of Tune's ``_pyarrow_fs_copy_files`` (pinned by
+    tests/unit/sweep/test_storage.py); nested uses wrap once.
 
     Example:
         >>> with keep_files_whole():  # doctest: +SKIP

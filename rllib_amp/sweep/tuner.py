@@ -1,5 +1,5 @@
 """Tune wiring: the Tuner of a new or resumed experiment, its progress table with the AMP
-columns, and ``fit`` that stops on SIGINT or SIGTERM with the experiment state saved.
+columns, and ``StopOnSignals.fit``, stopped by SIGINT or SIGTERM with the state saved.
 
 Example:
     >>> r = {"env_runners": {}}
@@ -132,31 +132,13 @@ def no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: obje
     result.setdefault(group, {}).setdefault(leaf, math.nan)
 
 
-def fit(tuner: Tuner) -> tuple[ResultGrid, int]:
-    """``tuner.fit()`` and the signal that stopped it (0: none), under the ``StopOnSignals``
-    the caller holds (one that also writes the summary after the fit), else under its own."""
-    if not _active:
-        with StopOnSignals():
-            return fit(tuner)
-    stop = _active[-1]
-    stop.install()  # again: ray.init, since the caller's entered, puts its own on SIGTERM
-    try:
-        return tuner.fit(), stop.signum
-    finally:
-        stop.fitted = True
-
-
 class StopOnSignals:
     """SIGINT (Ctrl-C), SIGTERM (``ray job stop``, schedulers) and SIGHUP (the terminal closed)
-    each stop Tune the way its own Ctrl-C handling does: it saves the experiment state and
-    returns. A further signal (while Tune saves, or while the summary is written) is reported
-    and otherwise ignored:
-    raising there would cut the state file short in the middle of its upload. A first signal
-    before Tune's loop starts (nothing to save yet) raises ``Interrupted`` (a
-    KeyboardInterrupt that carries the signal). ``signum``: the signal that stopped the run, 0
-    none. ``ray_died``: the local Ray the command runs on died (``LocalRayWatchdog``): Tune
-    is stopped the same way, ``ray_dead`` says what died. ``resume_command``: the command
-    that continues the run, once there is something to continue. Outside the main thread it
+    each stop Tune as its own Ctrl-C does: it saves the experiment state and returns. A further
+    signal is reported and otherwise ignored (raising would cut the state file short mid-upload);
+    one before Tune's loop (nothing to save yet) raises ``Interrupted``. ``signum``: the signal
+    that stopped the run, 0 none; ``ray_dead``: what of the local Ray died (``ray_died``);
+    ``resume_command``: once there is something to continue. Outside the main thread it
     installs nothing."""
 
     def __init__(self) -> None:
@@ -170,7 +152,6 @@ class StopOnSignals:
         self._faults = OneLinePerFault()
 
     def __enter__(self) -> StopOnSignals:
-        _active.append(self)
         if threading.current_thread() is not threading.main_thread():
             return self
         self._before_tune = signal.getsignal(signal.SIGUSR1)
@@ -184,7 +165,6 @@ class StopOnSignals:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _active.remove(self)
         if not self._previous:
             return
         logging.getLogger("ray.tune.tune").removeFilter(_drop_tune_stop_advice)
@@ -200,19 +180,22 @@ class StopOnSignals:
         self._previous = {}
 
     def install(self) -> None:
-        """Puts this object's handler on SIGINT, SIGTERM and SIGHUP (leaving gives back the ones
-        found at entry)."""
+        """Puts this object's handler on SIGINT, SIGTERM and SIGHUP."""
         if self._previous:
             for s in self._previous:
                 signal.signal(s, self._stop)
 
-    def ray_died(self, what: str) -> None:
-        """Called from the watchdog's thread: records ``what`` died and stops Tune (or, before
-        its loop, the command) in the main thread, as Ctrl-C would.
+    def fit(self, tuner: Tuner) -> tuple[ResultGrid, int]:
+        """``tuner.fit()`` and the signal that stopped it (0: none)."""
+        self.install()  # again: ray.init, since this was entered, puts its own on SIGTERM
+        try:
+            return tuner.fit(), self.signum
+        finally:
+            self.fitted = True
 
-        Args:
-            what: what of Ray died ("its raylet (pid 123) was killed by SIGKILL").
-        """
+    def ray_died(self, what: str) -> None:
+        """From the watchdog's thread: records ``what`` died ("its raylet (pid 123) was killed
+        by SIGKILL") and stops Tune (or, before its loop, the command) as Ctrl-C would."""
         self.ray_dead = what
         _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
 
@@ -238,8 +221,6 @@ class StopOnSignals:
         tune_stop(signal.SIGUSR1, frame)
 
 
-# The StopOnSignals entered, innermost last: ``fit`` runs under the caller's.
-_active: list[StopOnSignals] = []
 # Tune's own SIGINT handler would leave SIGTERM out and let a second Ctrl-C interrupt the save.
 _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 

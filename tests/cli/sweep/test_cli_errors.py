@@ -330,11 +330,15 @@ def test_fit_tells_an_interrupted_sweep_from_a_finished_one():
             assert len(stopped) <= 1, "Tune was told to stop twice"
             return "grid"
 
+    def fit(tuner):
+        with T.StopOnSignals() as stop:
+            return stop.fit(tuner)
+
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-    assert T.fit(Tuner()) == ("grid", 0)
-    assert T.fit(Tuner(signal.SIGINT)) == ("grid", signal.SIGINT)
-    assert T.fit(Tuner(signal.SIGTERM, signal.SIGINT)) == ("grid", signal.SIGTERM)
-    assert T.fit(Tuner(signal.SIGINT, signal.SIGINT)) == ("grid", signal.SIGINT)
+    assert fit(Tuner()) == ("grid", 0)
+    assert fit(Tuner(signal.SIGINT)) == ("grid", signal.SIGINT)
+    assert fit(Tuner(signal.SIGTERM, signal.SIGINT)) == ("grid", signal.SIGTERM)
+    assert fit(Tuner(signal.SIGINT, signal.SIGINT)) == ("grid", signal.SIGINT)
     assert {s: signal.getsignal(s) for s in before} == before
     assert "TUNE_DISABLE_SIGINT_HANDLER" not in os.environ
 
