@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import gymnasium as gym
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
@@ -87,10 +88,24 @@ def _warn_missing_once(module: object, name: str) -> None:
     )
 
 
+# The one gymnasium id RLlib's EnvRunners register an env class or creator under (each
+# make_env registers it again; pinned in tests/integration/learner/test_env_runner.py).
+_RLLIB_SCRATCH_ENV_IDS = ("rllib-single-agent-env-v0", "rllib-multi-agent-env-v0")
+
+
 class AmpEnvRunnerMixin:
     """Puts every RLModule of an EnvRunner under the configured inference precision."""
 
     amp_inference_precision: Precision | None = None
+
+    def make_env(self) -> None:
+        # RLlib registers an env given as a class or creator under one fixed id, in every
+        # make_env: a second EnvRunner in the process (a local one beside a test's, a rebuilt
+        # one after a restore) re-registers it and gymnasium warns "Overriding environment".
+        # The old entry is the earlier runner's, already made into its envs: drop it first.
+        for env_id in _RLLIB_SCRATCH_ENV_IDS:
+            gym.registry.pop(env_id, None)
+        super().make_env()  # type: ignore[misc]
 
     def make_module(self) -> None:
         super().make_module()  # type: ignore[misc]
