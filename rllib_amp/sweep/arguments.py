@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--accept-changes",
         action="store_true",
         help="with --resume: resume even though the experiment (file or --set values) differs "
-        f"from the {sweep_resume.EXPERIMENT_FILE} stored at the first start; trials already "
-        "created keep the settings they started with",
+        f"from the {sweep_resume.EXPERIMENT_FILE} stored at the first start; the changes take "
+        "no effect (Tune restores the trials, the search and the stop rule as first started)",
     )
     p.add_argument(
         "--restart-damaged",

@@ -273,11 +273,15 @@ def check_unchanged(exp_dir: str, spec: Mapping[str, object], accept: bool) -> N
         raise UsageError(
             f"--resume: the experiment differs from the one stored at {location}: "
             f"{'; '.join(diff)}; resume with the same file and --set values, start a new run "
-            f"with another --name, or pass --accept-changes (trials already created keep "
-            f"their settings)"
+            f"with another --name, or pass --accept-changes to resume as first started (the "
+            f"changes take no effect)"
         )
     if diff:
-        print(f"--accept-changes: resuming despite {'; '.join(diff)}")
+        print(
+            f"--accept-changes: resuming as first started; these changes take no effect (Tune "
+            f"restores the trials, the search and the stop rule as stored): {'; '.join(diff)}; "
+            f"to run with them, start a new run with another --name"
+        )
 
 
 def resume_command(args: argparse.Namespace, exp: Experiment, name: str, storage: str) -> str:

@@ -123,7 +123,9 @@ def test_resume_with_a_changed_experiment_is_refused_with_the_keys(tmp_path, tin
     # The same values resume; other values with --accept-changes too.
     assert cli.main([*argv, "--resume", "--dry-run"]) == 0
     assert cli.main([*argv[:-2], "--resume", "--accept-changes", "--dry-run"]) == 0
-    assert "resuming despite amp.growth_interval" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resuming as first started; these changes take no effect" in out
+    assert "amp.growth_interval" in out
 
 
 @pytest.mark.usefixtures("no_ray")

@@ -1,6 +1,7 @@
 """A trial that hangs (an env step that never returns): Tune has no per-trial timeout, so the
 sweep waits; Ctrl-C ends it within seconds with 130, the summary and the --resume command, and
-the resume, once the env is fixed, finishes the trial from its last checkpoint."""
+the resume, once the env is fixed, finishes the trial from its last checkpoint (a changed stop
+rule, accepted with --accept-changes, takes no effect)."""
 
 from __future__ import annotations
 
@@ -86,14 +87,22 @@ def test_ctrl_c_ends_a_sweep_with_a_hung_trial_and_the_resume_finishes_it(tmp_pa
     resume = out.strip().splitlines()[-1]
     assert resume.endswith("--resume") and "continue with: " in resume, resume
     # The env fixed (HANG unset), the printed command finishes the trial from iteration 2.
+    # The user also raised the stop rule: refused (exit 2, the key named), then accepted with
+    # --accept-changes, which says the change takes no effect, and it does not: Tune restores
+    # the trial's stop rule as first started.
     env.pop("HANG")
     args = resume.split("continue with: ", 1)[1].split()
     assert args[:3] == ["python", "-m", "rllib_amp.tune"], args
+    changed = [sys.executable, *args[1:], "--set", "stop.training_iteration=6"]
+    refused = subprocess.run(changed, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert "stop.training_iteration: 4 -> 6" in refused.stderr, refused.stderr
     done = subprocess.run(
-        [sys.executable, *args[1:]], capture_output=True, text=True, timeout=600, env=env,
+        [*changed, "--accept-changes"], capture_output=True, text=True, timeout=600, env=env,
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "these changes take no effect" in done.stdout, done.stdout[-3000:]
     (row,) = pq.read_table(str(tmp_path / "runs" / "h" / "results.parquet")).to_pylist()
     assert row["status"] == "DONE" and row["training_iteration"] == 4, row
     assert not marker.exists() or marker.stat().st_mtime < start  # it did not hang again
