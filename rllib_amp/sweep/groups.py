@@ -251,7 +251,12 @@ def finding(groups: Sequence[Group]) -> str:
     if not ranked:
         return "Nothing to compare: no setting reported the metric."
     unit = "" if ranked[0].steps is None else " steps"
-    keys = list(ranked[0].values)
+    if single_seed(ranked):  # one value per setting: no key can be said to decide anything
+        return (
+            f"nothing can be told apart ({SINGLE_RUN}); the highest single run: "
+            f"{ranked[0].label()}: {interval_text(ranked[0].ranked)}{unit}."
+        )
+    keys = list(ranked[0].values) if all(g.ranked.n >= 2 for g in ranked) else []
     deciding: list[str] = []
     rest: list[str] = []
     for key in keys:
@@ -283,8 +288,6 @@ def finding(groups: Sequence[Group]) -> str:
             f"no single searched key separates the groups; {len(tied)} of {len(ranked)} are "
             f"tied with the best ({ranked[0].label()}: {interval_text(ranked[0].ranked)}{unit})"
         )
-    if single_seed(ranked):
-        line += f" ({SINGLE_RUN})"
     return line if line.endswith(")") else line + "."
 
 

@@ -178,6 +178,17 @@ def test_the_finding_names_the_key_that_separates_the_groups():
     assert "vs 1000: " in line and "growth_interval does not separate the groups" in line
 
 
+def test_a_group_of_one_run_decides_nothing_beside_groups_of_several():
+    rows = [
+        {"amp.growth_interval": gi, "seed": s, "status": "DONE", "m": m}
+        for gi, ms in [(10, (1.0, 1.5, 1.2)), (2000, (9.0,))]
+        for s, m in enumerate(ms)
+    ]
+    found = groups.group(rows, keys=["amp.growth_interval"], metric="m", mode="max")
+    assert not groups.single_seed(found)
+    assert "decides" not in groups.finding(found), groups.finding(found)
+
+
 def test_when_nothing_separates_the_groups_the_finding_says_so():
     rows = [
         {"amp.growth_interval": gi, "seed": s, "status": "DONE", "m": m}
@@ -193,7 +204,10 @@ def test_one_seed_per_setting_says_it_rests_on_a_single_run():
     grid = [r for r in _issue_grid() if r.config["seed"] == 0]
     exp, rows, found = _groups(grid=grid)
     assert groups.single_seed(found)
-    assert "single run" in groups.finding(found)
+    line = groups.finding(found)
+    # One value per setting: no key "decides", however far apart the single runs are.
+    assert line.startswith("nothing can be told apart (one seed per setting"), line
+    assert "decides" not in line and "highest single run: " in line
     assert "(1 run)" in groups.format_table(found, R)
     rec = recommend(found, metric=R, base={"dtype": "float16"})
     assert rec is not None and rec.reason.startswith("On a single run per setting")
