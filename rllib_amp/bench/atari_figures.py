@@ -4,7 +4,8 @@ Each compares RLlib's Python Atari wrappers (float32 observations) with the nati
 (uint8), in the same run as the AMP figures (``figures``):
 
   - sampling: env steps/s of one EnvRunner with 16 envs, inference included, each
-    repetition of each path in a fresh process, the paths interleaved;
+    repetition of each path in a fresh process, the paths interleaved; beside them ALE's
+    vector env alone (``raw ALE``: same preprocessing, random actions, no network);
   - end to end: env steps/s of PPO (and APPO, reported) training on Pong, the
     ``PATH_VARIANTS`` side by side in one process;
   - replay bytes: numpy bytes a DQN replay buffer holds per stored transition;
@@ -14,7 +15,7 @@ Each compares RLlib's Python Atari wrappers (float32 observations) with the nati
 
 Example:
     >>> bench_sampling(2, measure=lambda path, *a: 3.0 if path == "native" else 1.0)
-    {'wrappers': [1.0, 1.0], 'native': [3.0, 3.0]}
+    {'wrappers': [1.0, 1.0], 'native': [3.0, 3.0], 'raw ALE': [1.0, 1.0]}
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ from rllib_amp.envs.atari import NATIVE, WRAPPERS
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-SAMPLING_PATHS = (WRAPPERS, NATIVE)
+# RAW_ALE: ALE's vector env alone (no network, no RLlib), the limit the other rows are
+# fractions of.
+RAW_ALE = "raw ALE"
+SAMPLING_PATHS = (WRAPPERS, NATIVE, RAW_ALE)
 # APPO end to end: RLlib's own default batch is 500 per learner; the same 1024 as PPO's CPU
 # workload keeps the two rows comparable.
 APPO_TRAINING: dict[str, object] = {"train_batch_size_per_learner": 1024, "lr": LR}
@@ -51,16 +55,19 @@ def bench_sampling(
     model: str = "full",
     measure: Callable[..., float] | None = None,
 ) -> dict[str, list[float]]:
-    """Env steps/s per path (``wrappers``, ``native``), ``reps`` each, interleaved.
+    """Env steps/s per path (``wrappers``, ``native``, ``raw ALE``), ``reps`` each, interleaved.
 
-    ``measure(path, num_envs, env_steps, model)`` defaults to ``sampling.sampling_one`` in a
-    fresh child process: one path's env threads and heap never share a process with the other's.
+    ``measure(path, num_envs, env_steps, model)`` defaults to ``sampling.sampling_one`` (the
+    raw ALE row: ``sampling.raw_ale_one``) in a fresh child process: one path's env threads and
+    heap never share a process with the other's.
     """
-    from rllib_amp.bench.sampling import sampling_one
+    from rllib_amp.bench.sampling import raw_ale_one, sampling_one
 
     def run(path: str) -> float:
         if measure is not None:
             return measure(path, num_envs, env_steps, model)
+        if path == RAW_ALE:
+            return in_child(raw_ale_one, num_envs, env_steps)[0]
         return in_child(sampling_one, path, num_envs, env_steps, model)[0]
 
     return interleaved_reps(SAMPLING_PATHS, reps, run)
@@ -166,6 +173,8 @@ def replay_bytes_one(
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
     from ray.rllib.utils import replay_buffers
 
+    from rllib_amp.learner.env_runner import forget_rllib_env_ids
+
     cfg = algo_config("DQN", "mini", "fp32", "cpu", preprocessing=preprocessing)
     assert isinstance(cfg, DQNConfig)
     cfg.env_runners(num_envs_per_env_runner=num_envs)
@@ -175,6 +184,7 @@ def replay_bytes_one(
         cls = getattr(replay_buffers, cls)
     settings["capacity"] = max(int(settings.get("capacity", 0)), 2 * transitions)
     buffer = cls(**settings)
+    forget_rllib_env_ids()
     runner = SingleAgentEnvRunner(config=cfg)
     try:
         buffer.add(runner.sample(num_timesteps=transitions, random_actions=True))

@@ -142,11 +142,14 @@ def train_interleaved(
 ) -> dict[str, list[float]]:
     """Env steps/s of each config's training iterations after ``warmup`` untimed ones, the
     configs' algorithms built side by side in this process and trained in turns."""
+    from rllib_amp.learner.env_runner import forget_rllib_env_ids
+
     algos: dict[str, Algorithm] = {}
     variants = list(configs)
     rates: dict[str, list[float]] = {v: [] for v in variants}
     try:
         for name, cfg in configs.items():
+            forget_rllib_env_ids()  # the stock variants' runners re-register RLlib's env id
             algos[name] = cfg.build_algo()
         for it in range(warmup + iterations):
             for v in interleaved(variants, it):

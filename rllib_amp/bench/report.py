@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, TypedDict
 
+from rllib_amp.bench.atari_figures import RAW_ALE
 from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
 from rllib_amp.bench.fixed_cost import FIXED_COST, FixedCostRecord, per_step_seconds
 from rllib_amp.bench.workloads import STOCK
@@ -60,6 +61,7 @@ class Row(TypedDict, total=False):
     reference: str
     low: float
     high: float
+    of_raw_ale: float  # env steps/s rows: the share of ALE's own speed in the same run
 
 
 class TargetRow(TypedDict):
@@ -175,6 +177,10 @@ def rows_from(results: Results) -> list[Row]:
         workload = f"{algo} CartPole-v1 return (mean of {seeds} seeds)"
         means = {v: statistics.fmean(x) for v, x in per.items()}
         add("learning parity", workload, "return", means, True)
+    raw = _median(results.get("sampling", {}).get(RAW_ALE, []))
+    for row in rows if math.isfinite(raw) else ():
+        if row["unit"] == steps:
+            row["of_raw_ale"] = row["value"] / raw
     return rows
 
 
@@ -199,7 +205,7 @@ def _value(r: Row) -> str:
 
 def markdown(rows: Sequence[Row], header: str) -> str:
     """The rows as a markdown table under ``header``."""
-    head = ("figure", "workload", "variant", "value", "x stock fp32")
+    head = ("figure", "workload", "variant", "value", "x stock fp32", "of raw ALE")
     cells = [
         (
             r["figure"],
@@ -207,6 +213,7 @@ def markdown(rows: Sequence[Row], header: str) -> str:
             r["variant"],
             _value(r),
             _shown(r["ratio_to_fp32"], ".2f", "x"),
+            _shown(100 * r.get("of_raw_ale", math.nan), ".0f", "%"),
         )
         for r in rows
     ]
@@ -262,6 +269,12 @@ TARGETS: tuple[Target, ...] = (
         lambda r: _ratio(r["sampling"]["native"], r["sampling"]["wrappers"]),
         ">=",
         3.0,
+    ),
+    Target(
+        "sampling, native (batched sampler) / raw ALE env steps/s",
+        lambda r: _ratio(r["sampling"]["native"], r["sampling"][RAW_ALE]),
+        ">=",
+        0.6,
     ),
     _end_to_end("PPO", 2.5),
     _end_to_end("APPO", 2.0),

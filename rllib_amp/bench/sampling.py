@@ -31,6 +31,8 @@ from rllib_amp.envs.atari import (
     RLLIB,
     SAMPLER_KEY,
     SAMPLERS,
+    ale_game,
+    native_kwargs,
 )
 
 if TYPE_CHECKING:
@@ -149,6 +151,33 @@ def sampling_one(
         cfg, env_steps=env_steps, warmup_steps=min(512, env_steps), torch_threads=torch_threads
     )
     return r.steps_per_s, r.steps_per_cpu_s
+
+
+def raw_ale_one(
+    num_envs: int, env_steps: int, env_id: str = "ALE/Pong-v5", num_cpus: int = 2
+) -> tuple[float, float]:
+    """(env steps/s, env steps per CPU-second) of ALE's native vector env alone: the native
+    path's preprocessing (``native_kwargs``), ``num_cpus`` ALE threads, random actions, no
+    network and no RLlib. The limit the EnvRunner rows are fractions of."""
+    import numpy as np
+    from ale_py.vector_env import AtariVectorEnv
+
+    kwargs = native_kwargs({"num_threads": max(1, min(num_cpus, num_envs))}, num_envs)
+    env = AtariVectorEnv(ale_game(env_id), num_envs, **kwargs)
+    n_actions = int(env.single_action_space.n)  # type: ignore[attr-defined]
+    actions = np.random.default_rng(0).integers(0, n_actions, (64, num_envs))
+    rounds = max(1, env_steps // num_envs)
+    try:
+        env.reset(seed=0)
+        for r in range(min(512, env_steps) // num_envs):  # the same warm-up as the EnvRunners'
+            env.step(actions[r % 64])
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for r in range(rounds):
+            env.step(actions[r % 64])
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    finally:
+        env.close()
+    return rounds * num_envs / seconds, rounds * num_envs / cpu_seconds
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

@@ -214,8 +214,11 @@ def sample_batch(cfg: AlgorithmConfig, env_steps: int, *, on_policy: bool = True
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
     from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
 
+    from rllib_amp.learner.env_runner import forget_rllib_env_ids
+
     cfg.debugging(seed=0)
     deterministic = torch.are_deterministic_algorithms_enabled()
+    forget_rllib_env_ids()
     runner = SingleAgentEnvRunner(config=cfg)
     # The seeded runner switched torch's deterministic mode on for the whole process.
     torch.use_deterministic_algorithms(deterministic)

@@ -93,18 +93,26 @@ def _warn_missing_once(module: object, name: str) -> None:
 _RLLIB_SCRATCH_ENV_IDS = ("rllib-single-agent-env-v0", "rllib-multi-agent-env-v0")
 
 
+def forget_rllib_env_ids() -> None:
+    """Drops the entries RLlib's EnvRunners registered under their fixed gymnasium ids; call
+    it before building another (stock) EnvRunner in the same process.
+
+    RLlib registers an env given as a class or creator under one fixed id in every make_env,
+    so a second EnvRunner in a process re-registers it and gymnasium warns "Overriding
+    environment ... already in registry". The old entry is the earlier runner's, already
+    made into its envs.
+    """
+    for env_id in _RLLIB_SCRATCH_ENV_IDS:
+        gym.registry.pop(env_id, None)
+
+
 class AmpEnvRunnerMixin:
     """Puts every RLModule of an EnvRunner under the configured inference precision."""
 
     amp_inference_precision: Precision | None = None
 
     def make_env(self) -> None:
-        # RLlib registers an env given as a class or creator under one fixed id, in every
-        # make_env: a second EnvRunner in the process (a local one beside a test's, a rebuilt
-        # one after a restore) re-registers it and gymnasium warns "Overriding environment".
-        # The old entry is the earlier runner's, already made into its envs: drop it first.
-        for env_id in _RLLIB_SCRATCH_ENV_IDS:
-            gym.registry.pop(env_id, None)
+        forget_rllib_env_ids()  # a second runner in the process: no "Overriding environment"
         super().make_env()  # type: ignore[misc]
 
     def make_module(self) -> None:
