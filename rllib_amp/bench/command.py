@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import rllib_amp.bench.atari_figures as atari_figures
 import rllib_amp.bench.figures as figures
@@ -22,6 +23,8 @@ from rllib_amp.algorithms import algorithm
 from rllib_amp.bench.harness import in_child
 from rllib_amp.bench.report import Results
 from rllib_amp.bench.workloads import (
+    DQN_BATCH_VARIANTS,
+    DQN_BATCHES,
     MODELS,
     PATH_VARIANTS,
     STOCK,
@@ -133,6 +136,28 @@ def atari_paths(
     return out
 
 
+def dqn_batches(
+    device: str, reps: int, save: Callable[[Results], None] = lambda part: None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per ``DQN_BATCHES`` size: the DQN update's time (ms per update, ``reps`` each) and peak
+    memory (bytes) with the Nature CNN, ``DQN_BATCH_VARIANTS`` side by side."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in DQN_BATCHES:
+            data = os.path.join(tmp, f"dqn-{size}.pkl")
+            collect_data("DQN", device, data, batch_size=size)
+            print(f"[bench] DQN full, batch {size}: update time and peak memory", file=sys.stderr)
+            per_s = in_child(
+                figures.throughput_cell, "DQN", "full", DQN_BATCH_VARIANTS, device, data, reps
+            )
+            out[str(size)] = {
+                "update_ms": {v: [1000 * size / x for x in xs] for v, xs in per_s.items()},
+                "memory": figures.bench_memory("DQN", "full", DQN_BATCH_VARIANTS, device, data),
+            }
+            save({"dqn_batches": out})
+    return out
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Parses ``argv``, checks every input and output, measures, prints and writes."""
     args = build_parser().parse_args(argv)
@@ -173,6 +198,8 @@ def run(argv: Sequence[str] | None = None) -> int:
                         algo, model, variants, device, data_path
                     )
                     save()
+    if "DQN" in algos:
+        results["dqn_batches"] = dqn_batches(device, reps, save)
     if "PPO" in algos:
         label = fixed_cost.FIXED_COST.label()
         print(f"[bench] fixed cost per minibatch, {label} x{reps}", file=sys.stderr)

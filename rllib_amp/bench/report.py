@@ -16,7 +16,7 @@ import platform
 import statistics
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from rllib_amp.bench.atari_figures import RAW_ALE
 from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
@@ -46,6 +46,7 @@ class Results(TypedDict, total=False):
     replay_bytes: dict[str, dict[str, float]]
     memory_paths: dict[str, dict[str, float]]  # bytes
     parity: dict[str, PerVariant]  # algorithm -> return per seed
+    dqn_batches: dict[str, dict[str, dict[str, Any]]]  # batch -> update_ms / memory per variant
 
 
 class Row(TypedDict, total=False):
@@ -170,6 +171,10 @@ def rows_from(results: Results) -> list[Row]:
         add(
             "DQN replay bytes per transition", f"ALE/Pong-v5, {part}", "bytes", replay, False, STOCK
         )
+    for size, cell in results.get("dqn_batches", {}).items():
+        workload = f"DQN full (Nature CNN), batch {size}"
+        add("DQN update time by batch", workload, "ms", _medians(cell["update_ms"]), False)
+        add("DQN update peak memory by batch", workload, "MiB", _mib(cell["memory"]), False)
     for key, mem in results.get("memory_paths", {}).items():
         add("peak memory of update, Atari paths", key, "MiB", _mib(mem), False, STOCK)
     for algo, per in results.get("parity", {}).items():

@@ -129,6 +129,10 @@ WORKLOADS: dict[str, Workload] = _by_name(
         Workload("DQN", {"cpu": 256, "cuda": 256}, minibatch=None, epochs=1, on_policy=False),
     )
 )
+# The second write-up's claim "AMP lets the DQN batch grow from 32 to 64 or 128": the DQN
+# update (Nature CNN, image input) at each, float32 and AMP.
+DQN_BATCHES = (32, 64, 128)
+DQN_BATCH_VARIANTS = ("fp32", "amp-auto")
 PARITY_ENV_ID = "CartPole-v1"
 PARITY_MODEL = "mini"  # fcnet [64, 64], tanh
 PARITY: dict[str, ParityRun] = _by_name(
@@ -241,15 +245,22 @@ def sample_batch(cfg: AlgorithmConfig, env_steps: int, *, on_policy: bool = True
     return {"episodes": episodes, "spaces": spaces}
 
 
-def collect_data(algo: str, device: str, path: str, preprocessing: str | None = None) -> None:
+def collect_data(
+    algo: str,
+    device: str,
+    path: str,
+    preprocessing: str | None = None,
+    batch_size: int | None = None,
+) -> None:
     """Samples one fixed training batch (``sample_batch``) from Pong and pickles it to ``path``.
 
     ``preprocessing``: the Atari path (see ``algo_config``); its observations are what the
-    batch holds (uint8 on the native path, float32 on the wrappers).
+    batch holds (uint8 on the native path, float32 on the wrappers). ``batch_size``: env
+    steps in the batch (default: the workload's).
     """
     work = WORKLOADS[algo]
     cfg = algo_config(algo, "mini", "fp32", device, preprocessing=preprocessing)
-    batch = sample_batch(cfg, work.batch[device], on_policy=work.on_policy)
+    batch = sample_batch(cfg, batch_size or work.batch[device], on_policy=work.on_policy)
     with open(path, "wb") as f:
         pickle.dump(batch, f)
 

@@ -312,3 +312,27 @@ def test_a_run_stopped_part_way_keeps_the_figures_measured_so_far(tmp_path, monk
     assert saved["raw"]["throughput"] == {"PPO full": {"fp32": [10.0], "amp-auto": [20.0]}}
     assert saved["raw"]["memory"] == {"PPO full": {"fp32": 2.0, "amp-auto": 1.0}}
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_dqn_batches_give_update_time_and_memory_per_batch_and_variant(monkeypatch):
+    """The write-up's "AMP lets the DQN batch grow from 32 to 64 or 128": per batch, the
+    update's ms (from samples/s of a batch of that many env steps) and peak memory, float32
+    and AMP; the data is sampled at each batch size."""
+    sampled = []
+    monkeypatch.setattr(command, "collect_data", lambda *a, batch_size: sampled.append(batch_size))
+    monkeypatch.setattr(
+        command, "in_child", lambda fn, algo, model, variants, *a: {v: [3200.0] for v in variants}
+    )
+    monkeypatch.setattr(
+        command.figures, "bench_memory", lambda *a: {"fp32": 4.0 * 2**20, "amp-auto": 2**20}
+    )
+    out = command.dqn_batches("cpu", reps=1)
+    assert sampled == [32, 64, 128] == [int(k) for k in out]
+    assert out["64"]["update_ms"] == {"fp32": [20.0], "amp-auto": [20.0]}  # 64 / 3200 s
+    rows = report.rows_from({"dqn_batches": out})
+    times = [r for r in rows if r["figure"] == "DQN update time by batch"]
+    assert [(r["workload"].split(", ")[-1], r["variant"], r["value"]) for r in times[:2]] == [
+        ("batch 32", "fp32", 10.0), ("batch 32", "amp-auto", 10.0),
+    ]  # fmt: skip
+    mem = [r for r in rows if r["figure"] == "DQN update peak memory by batch"]
+    assert len(mem) == 6 and mem[1]["ratio_to_fp32"] == 0.25 and mem[1]["unit"] == "MiB"
