@@ -116,7 +116,10 @@ def measure_sampling(
     import torch
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
+    from rllib_amp.learner.env_runner import forget_rllib_env_ids
+
     runner_cls = config.env_runner_cls or SingleAgentEnvRunner
+    forget_rllib_env_ids()  # a stock runner after another in this process: no gymnasium warning
     threads_before = torch.get_num_threads()
     torch.set_num_threads(torch_threads or max(1, int(config.num_cpus_per_env_runner)))
     runner = runner_cls(config=config)

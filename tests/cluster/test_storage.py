@@ -149,6 +149,7 @@ def _cli(cluster, config: str, storage: str, name: str, *extra: str, **popen) ->
     return subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, **popen)
 
 
+@pytest.mark.slow  # a two-node Cluster of its own: 31 s on 2 idle cores
 def test_node_local_storage_exits_2_before_any_trial(cluster, tmp_path):
     if cluster["refusal"]:
         pytest.skip(f"no private mount namespace here: {cluster['refusal']}")

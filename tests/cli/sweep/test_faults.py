@@ -13,6 +13,7 @@ import pytest
 from ray._private.state import jobs
 
 
+@pytest.mark.slow  # a sweep, a killed trial, Tune's restore: 24 s on 2 idle cores
 @pytest.mark.usefixtures("ray_local")
 def test_killed_trial_restores_from_its_checkpoint_and_finishes(
     tmp_path, tiny_file, trial_results, session_sweep

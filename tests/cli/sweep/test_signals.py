@@ -49,12 +49,12 @@ def _resume_finishes(cmd, tmp_path, name):
 @pytest.mark.parametrize(
     ("signals", "status"),
     [
-        # About 45 s each on 2 cores: the default run keeps the one that covers both faults
-        # (tests/cli/sweep/test_cli_errors.py has the handler's logic without Ray).
+        # 30-45 s each on 2 cores, so all slow: tests/cli/sweep/test_cli_errors.py has the
+        # handler's logic without Ray in the default run.
         pytest.param([signal.SIGTERM], 143, marks=pytest.mark.slow),
         # The second one lands while Tune saves the experiment state.
         pytest.param([signal.SIGINT, signal.SIGINT], 130, marks=pytest.mark.slow),
-        ([signal.SIGTERM, signal.SIGINT], 143),
+        pytest.param([signal.SIGTERM, signal.SIGINT], 143, marks=pytest.mark.slow),
     ],
     ids=["sigterm", "sigint-twice", "sigterm-then-sigint"],
 )

@@ -150,7 +150,11 @@ def test_more_unreachable_remotes_before_any_trial_are_one_line_and_exit_2(tmp_p
 CTRL_C_TIMEOUT_S = 9
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum",
+    [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],  # 15 s each
+    ids=["SIGINT", "SIGTERM"],
+)
 def test_ctrl_c_while_a_remote_never_answers_is_exit_130(tmp_path, signum):
     """Ctrl-C is 130; SIGTERM 143 (as main_wrapper says). The signal takes effect when
     pyarrow's call gives up on its own timeouts: within one remote timeout."""

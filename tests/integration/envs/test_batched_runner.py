@@ -21,7 +21,7 @@ from rllib_amp import experiment as E
 from rllib_amp.bench import sampling
 from rllib_amp.envs import atari
 from rllib_amp.envs.batched_runner import BatchedAleEnvRunner
-from rllib_amp.learner.env_runner import AmpSingleAgentEnvRunner
+from rllib_amp.learner.env_runner import AmpSingleAgentEnvRunner, forget_rllib_env_ids
 from tests.integration.common import all_finite, same, train_until_learned, weights
 
 # Breakout with a life per episode ends episodes within ~50 steps; 200 frames (50 agent
@@ -42,6 +42,7 @@ def runner(sampler: str, *, algorithm: str = "PPO", num_envs: int = 2, seed: int
     cfg.debugging(seed=seed)
     if algorithm == "DQN":  # epsilon-greedy with an epsilon that matters
         cfg.training(epsilon=[(0, 0.5), (10_000, 0.05)])
+    forget_rllib_env_ids()  # RLlib's runner re-registers its env id: no gymnasium warning
     out = (cfg.env_runner_cls or SingleAgentEnvRunner)(config=cfg)
     assert type(out) is (BatchedAleEnvRunner if sampler == atari.BATCHED else SingleAgentEnvRunner)
     return out

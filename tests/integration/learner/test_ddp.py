@@ -25,6 +25,7 @@ def _scaler_states(algo_obj):
     return [r.get() for r in results]
 
 
+@pytest.mark.slow  # two learner actors, training and a restore: 17 s on 2 idle cores
 def test_two_learners_share_identical_scaler_state_through_training_and_restore(tmp_path):
     cfg = amp_config("PPO", dtype="float16", init_scale=2.0**20, growth_interval=2).learners(
         num_learners=2, num_cpus_per_learner=1

@@ -253,6 +253,7 @@ def _finite(values) -> bool:
     return all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values.values())
 
 
+@pytest.mark.slow  # APPO with a remote env runner, a save and a restore: 18 s on 2 idle cores
 @pytest.mark.usefixtures("ray_local")
 def test_the_first_appo_iterations_after_a_restore_report_the_restored_scaler(tmp_path):
     cfg = amp_config("APPO", dtype="float16", init_scale=2.0**10, growth_interval=1000)
