@@ -426,3 +426,28 @@ def test_the_committed_cartpole_dqn_sweep_is_what_docs_dqn_md_says():
         assert line in f.read(), line
     for name in ("groups.parquet", "recommended_amp.yaml", "sweep.png", "summary.txt"):
         assert os.path.exists(os.path.join(folder, name)), name
+
+
+def test_the_committed_pong_dqn_evidence_is_built_from_its_parquet_files():
+    # docs/dqn/pong/ holds the Pong DQN curves; its table and docs/dqn.md's copy of it are
+    # what --plot-only builds from those files.
+    folder = os.path.join(ROOT, "docs", "dqn", "pong")
+    rows = C.read_rows(folder)
+    assert rows, "docs/dqn/pong/ holds no curve"
+    assert {r["path"] for r in rows} <= set(P.PONG_DQN_PATHS)
+    for key, run_rows in C.group_runs(rows).items():
+        its = [r["iteration"] for r in run_rows]
+        assert its == list(range(1, len(its) + 1)), key
+    expected = C.report_text(rows, C.PONG_DQN)
+    with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
+        assert f.read() == expected
+    with open(os.path.join(ROOT, "docs", "dqn.md"), encoding="utf-8") as f:
+        page = f.read()
+    assert expected.strip() in page, "docs/dqn.md: its Pong DQN table differs"
+    # The page's sentence on seed 0 is the table's figures.
+    (m,) = [C.run_milestones(r, C.PONG_DQN) for k, r in C.group_runs(rows).items() if k[2] == 0]
+    assert f"+{m['return_at_2M']:.1f} at 2M env steps" in page
+    assert (
+        f"first 0 at {m['steps_to_0'] / 1e6:.2f}M and +15 at {m['steps_to_15'] / 1e6:.2f}M" in page
+    )
+    assert os.path.exists(os.path.join(folder, "learning.png"))
