@@ -170,7 +170,7 @@ def _save_checkpoint(algo: Any, out: str, path: str, seed: int, point: dict[str,
         json.dump(marker, f)
     os.replace(tmp, os.path.join(root, "latest.json"))
     for old in glob.glob(os.path.join(root, "iter_*")):
-        if old != folder:
+        if os.path.abspath(old) != folder:  # root may be relative: glob answers in its form
             shutil.rmtree(old, ignore_errors=True)
 
 
