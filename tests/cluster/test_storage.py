@@ -9,6 +9,7 @@ one folder: the situation of a cluster whose nodes do not share a disk.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
@@ -300,3 +301,81 @@ def test_s3_sweep_on_the_cluster_resumes_from_the_bucket_with_exact_scaler_state
     # The CLI ran beside the head: the AMP dashboard is in Ray's Grafana folder.
     dashboards = os.path.join(cluster["session_dir"], "metrics", "grafana", "dashboards")
     assert "rllib_amp_grafana_dashboard.json" in os.listdir(dashboards)
+
+
+# Last in the module: it adds a node to the module's cluster and kills it.
+@pytest.mark.slow  # a third worker, a three-trial sweep into the bucket, a node killed: minutes
+def test_a_node_lost_mid_trial_with_s3_storage_restores_its_trial_from_the_bucket(
+    cluster, tmp_path
+):
+    """A worker node dies (its raylet SIGKILLed) while its trial trains with s3:// storage:
+    Tune retries the trial (max_failures 1) on a node that frees up, from the trial's newest
+    checkpoint in the bucket, and the sweep ends 0 with every trial DONE. Nothing is read from
+    the dead node's disk: the bucket is the only copy."""
+    import ray  # noqa: F401  (Ray's own copy of psutil is on the path once ray is imported)
+
+    psutil = importlib.import_module("psutil")
+
+    s3 = cluster["s3"]
+    extra = Proc([sys.executable, NODES, "worker", cluster["address"], "2"], _node_env())
+    try:
+        lost = extra.expect("READY", timeout=240)["node"]
+        # One trial per worker node (2 CPUs each), so one trains on the node that dies.
+        workers = 3 if cluster["unshared"] else 2
+        alive = cluster["keeper"].ask(f"nodes {workers + 1}")  # the head, and the workers
+        assert lost in alive, alive
+        config = tmp_path / "lost.yaml"
+        sweep = textwrap.dedent(SWEEP % {"iterations": 10})
+        grid = ", ".join(str(256.0 * 2**i) for i in range(workers))
+        sweep = sweep.replace("grid: [256.0, 512.0]", f"grid: [{grid}]")
+        sweep = sweep.replace("max_concurrent_trials: 2, max_failures: 0", "max_failures: 1")
+        config.write_text(sweep)
+        prefix = "experiments/lost"
+        log = open(tmp_path / "lost.log", "w")  # noqa: SIM115
+        proc = _cli(cluster, str(config), s3.uri("experiments"), "lost", stdout=log,
+                    stderr=subprocess.STDOUT)  # fmt: skip
+        # Each trial takes a whole worker (the head has no CPUs), so one trains on the extra
+        # node: once every trial has two checkpoints in the bucket, kill that node's raylet.
+        deadline = time.time() + 420
+        victim = None
+        while time.time() < deadline and proc.poll() is None and victim is None:
+            counts: dict[str, int] = {}
+            for p in s3.list(prefix):
+                if p.endswith("/algorithm_state.pkl"):
+                    trial = posixpath.dirname(posixpath.dirname(p))
+                    counts[trial] = counts.get(trial, 0) + 1
+            if len(counts) == workers and all(n >= 2 for n in counts.values()):
+                raylets = [
+                    c for c in psutil.Process(extra.p.pid).children(recursive=True)
+                    if c.name() == "raylet"
+                ]  # fmt: skip
+                assert len(raylets) == 1, raylets
+                raylets[0].kill()
+                victim = raylets[0].pid
+            time.sleep(1)
+        assert victim is not None, (tmp_path / "lost.log").read_text()[-3000:]
+        status = proc.wait(timeout=600)
+        log.close()
+    finally:
+        if "proc" in locals() and proc.poll() is None:
+            proc.kill()
+        extra.stop()
+    out = (tmp_path / "lost.log").read_text()
+    assert status == 0, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    table = pq.read_table(f"{s3.bucket}/{prefix}/results.parquet", filesystem=s3.fs).to_pylist()
+    assert len(table) == workers and all(r["status"] == "DONE" for r in table), table
+    assert all(r["training_iteration"] == 10 for r in table), table
+    # The lost node's trial restarted from a checkpoint in the bucket, not from iteration 0:
+    # a result that is the first since a restore, past iteration 1.
+    restored = []
+    for row in table:
+        trial_dir = row["checkpoint"].split("?")[0].removeprefix("s3://")
+        trial_dir = posixpath.dirname(trial_dir)
+        rows = _results_in_bucket(s3, trial_dir)
+        restored += [
+            r["training_iteration"] for r in rows
+            if r["iterations_since_restore"] == 1 and r["training_iteration"] > 1
+        ]  # fmt: skip
+    assert restored, "no trial continued from a checkpoint after the node was lost"
+    assert lost in set(cluster["keeper"].ask("actors AmpPPO"))  # a trial ran on the lost node
