@@ -178,7 +178,10 @@ _STORAGE_ERROR = re.compile(
     r"|^(?:[\w.]+\.)?RuntimeError: Unable to set up cluster storage",
     re.IGNORECASE,
 )
-_ENOSPC = re.compile(r"No space left on device|\[Errno 28\]", re.IGNORECASE)
+_NAMED = (
+    ("is full (ENOSPC)", re.compile(r"No space left on device|\[Errno 28\]", re.IGNORECASE)),
+    ("is read-only (EROFS)", re.compile(r"Read-only file system|\[Errno 30\]", re.IGNORECASE)),
+)
 
 
 def stopped_on_storage(error: str | None) -> bool:
@@ -208,7 +211,7 @@ def storage_fault(exp_dir: str, rows: Sequence[Mapping[str, object]]) -> str | N
     if refused is None and not stopped:
         return None
     cause = root_error(refused) if refused is not None else str(stopped[0]["error"])
-    what = "is full (ENOSPC)" if _ENOSPC.search(cause) else "failed"
+    what = next((name for name, pattern in _NAMED if pattern.search(cause)), "failed")
     ids = ", ".join(str(r["trial_id"]) for r in stopped)
     on_it = f"; trial(s) {ids} stopped on it" if stopped else ""
     return f"the storage at {exp_dir} {what}: {cause}{on_it}"

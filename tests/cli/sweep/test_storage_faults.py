@@ -308,6 +308,56 @@ def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
     shutil.rmtree(os.path.join(private_tmpfs, "full"))  # the tmpfs goes with its holder
 
 
+def _remount(tmpfs: str, mode: str) -> None:
+    """Remounts ``private_tmpfs``'s folder ``ro`` or ``rw`` inside its holder's namespace."""
+    pid, folder = tmpfs.removeprefix("/proc/").split("/root", 1)
+    subprocess.run(["nsenter", "-t", pid, "-m", "mount", "-o", f"remount,{mode}", folder],
+                   check=True, capture_output=True, timeout=30)  # fmt: skip
+
+
+# About 30 s: the full-disk test's run with the storage turned read-only instead.
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_read_only_storage_mid_run_is_one_line_and_resume_loses_nothing(
+    private_tmpfs, tmp_path, session_sweep, trial_results
+):
+    config = tmp_path / "ro.yaml"
+    config.write_text(textwrap.dedent(FULL_DISK))
+    proc = subprocess.Popen(session_sweep(config, private_tmpfs, "ro"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    pattern = os.path.join(private_tmpfs, "ro", "*", "result.json")
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        found = glob.glob(pattern)
+        if found and len(trial_results(found[0])) >= 2:
+            break
+        time.sleep(0.05)
+    _remount(private_tmpfs, "ro")
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        _remount(private_tmpfs, "rw")
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("python -m rllib_amp.tune: the storage at "), err[-3000:]
+    assert f"{private_tmpfs}/ro is read-only (EROFS)" in last, last
+    assert err.count("is read-only (EROFS)") == 1 and "Traceback" not in err, err[-5000:]
+    print(f"read-only storage: {len(err.splitlines())} stderr lines")
+    (trial,) = glob.glob(os.path.join(private_tmpfs, "ro", "*", ""))
+    rows_before = trial_results(os.path.join(trial, "result.json"))
+    assert rows_before and rows_before[-1]["training_iteration"] < 12
+    # Writable again: the printed command resumes and finishes, nothing lost.
+    words = shlex.split(last.split("continue with: ", 1)[1])
+    resumed = subprocess.run(
+        [sys.executable, *words[1:]], capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    rows = trial_results(os.path.join(trial, "result.json"))
+    assert rows[: len(rows_before)] == rows_before
+    assert rows[-1]["training_iteration"] == 12 and rows[-1]["done"]
+    shutil.rmtree(os.path.join(private_tmpfs, "ro"))
+
+
 @pytest.mark.slow  # a local Ray of its own (the trials need moto's credentials): 60-100 s
 def test_s3_endpoint_dying_under_the_trials_is_one_line_with_the_resume_command(tmp_path):
     from tests.cluster.s3 import moto_s3
