@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from rllib_amp.sweep import arguments
 from rllib_amp.sweep import main as cli
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -409,7 +410,7 @@ def test_default_job_prints_no_snapshot_warnings(tmp_path, session_sweep):
     the default job): Tune's progress table and the summary, no repeated WARNING blocks."""
     import yaml
 
-    with open(os.path.join(ROOT, cli.DEFAULT_CONFIG), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, arguments.DEFAULT_CONFIG), encoding="utf-8") as f:
         default = yaml.safe_load(f)
     default["search"] = {"amp.growth_interval": {"grid": [10, 2000]}}
     default["training"]["train_batch_size_per_learner"] = 500  # the default's smaller batch

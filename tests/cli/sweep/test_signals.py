@@ -124,13 +124,13 @@ def _signalled_before_tunes_loop(monkeypatch, argv, capsys):
     from rllib_amp.sweep import main as cli
     from rllib_amp.sweep import tuner as T
 
-    def signalled_fit(tuner):
+    def signalled_fit(self, tuner):
         os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode, in this thread
         time.sleep(30)
         raise AssertionError("SIGTERM did not stop the command")
 
     with monkeypatch.context() as patched:
-        patched.setattr(T, "fit", signalled_fit)
+        patched.setattr(T.StopOnSignals, "fit", signalled_fit)
         status = cli.main(argv)
     err = capsys.readouterr().err
     ours = [line for line in err.splitlines() if line.startswith("python -m rllib_amp.tune:")]
