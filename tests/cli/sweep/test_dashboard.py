@@ -109,7 +109,12 @@ def ray_head():
                             start_new_session=True)  # fmt: skip
     try:
         dashboard_url = f"http://127.0.0.1:{dashboard}"
-        _until(lambda: _answers(f"{dashboard_url}/api/version"), 120, "the dashboard")
+        try:
+            _until(lambda: _answers(f"{dashboard_url}/api/version"), 120, "the dashboard")
+        except AssertionError as e:
+            log.flush()
+            with open(os.path.join(temp_dir, "head.log"), encoding="utf-8") as f:
+                raise AssertionError(f"{e}; ray start printed: {f.read()[-3000:]}") from None
         session = os.path.realpath(os.path.join(temp_dir, "session_latest"))
         yield {"dashboard": dashboard_url, "session": session, "env": env,
                "gcs": f"127.0.0.1:{gcs}"}  # fmt: skip
