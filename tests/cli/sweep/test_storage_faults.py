@@ -238,6 +238,23 @@ def _intact(checkpoint: str) -> bool:
     return os.path.isfile(os.path.join(checkpoint, MANIFEST_FILE_NAME))
 
 
+def _sweep_with_rows_stored(tmp_path, storage, name, session_sweep, trial_results):
+    """Starts the FULL_DISK sweep into ``storage``/``name`` and returns its process once Tune
+    has copied two result rows there (it copies result.json with the experiment state)."""
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(textwrap.dedent(FULL_DISK))
+    cmd = session_sweep(config, storage, name)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pattern = os.path.join(storage, name, "*", "result.json")
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        found = glob.glob(pattern)
+        if found and len(trial_results(found[0])) >= 2:
+            break
+        time.sleep(0.05)
+    return proc
+
+
 # About 26 s. In the default run: a full disk during a checkpoint copy named once
 # (unit/sweep/test_storage.py), the one line it ends with (unit/sweep/test_summary.py), and a
 # sweep whose storage fails before any trial (above).
@@ -246,20 +263,8 @@ def _intact(checkpoint: str) -> bool:
 def test_full_disk_mid_run_is_one_line_and_resume_loses_nothing(
     private_tmpfs, tmp_path, session_sweep, trial_results
 ):
-    config = tmp_path / "full.yaml"
-    config.write_text(textwrap.dedent(FULL_DISK))
-    cmd = session_sweep(config, private_tmpfs, "full")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Tune copies result.json to the storage with the experiment state (every second
-    # checkpoint here): once rows are there, the disk fills up, long before the last of the
-    # 12 iterations.
-    pattern = os.path.join(private_tmpfs, "full", "*", "result.json")
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        found = glob.glob(pattern)
-        if found and len(trial_results(found[0])) >= 2:
-            break
-        time.sleep(0.05)
+    # Once rows are in the storage, the disk fills up, long before the last of 12 iterations.
+    proc = _sweep_with_rows_stored(tmp_path, private_tmpfs, "full", session_sweep, trial_results)
     filler = _fill(private_tmpfs)
     out, err = proc.communicate(timeout=600)
 
@@ -321,17 +326,7 @@ def _remount(tmpfs: str, mode: str) -> None:
 def test_read_only_storage_mid_run_is_one_line_and_resume_loses_nothing(
     private_tmpfs, tmp_path, session_sweep, trial_results
 ):
-    config = tmp_path / "ro.yaml"
-    config.write_text(textwrap.dedent(FULL_DISK))
-    proc = subprocess.Popen(session_sweep(config, private_tmpfs, "ro"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    pattern = os.path.join(private_tmpfs, "ro", "*", "result.json")
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        found = glob.glob(pattern)
-        if found and len(trial_results(found[0])) >= 2:
-            break
-        time.sleep(0.05)
+    proc = _sweep_with_rows_stored(tmp_path, private_tmpfs, "ro", session_sweep, trial_results)
     _remount(private_tmpfs, "ro")
     try:
         out, err = proc.communicate(timeout=600)
