@@ -365,43 +365,36 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_gap_or_duplicate(tmp_p
 def test_the_committed_pong_evidence_is_built_from_its_parquet_files():
     # docs/pong/ holds every run's curve; its table and docs/pong.md's copy of it are what
     # --plot-only builds from those files, so a figure in the docs cannot drift from the data.
+    # A resumed run's file replaces the stopped run's rows past its checkpoint.
     folder = os.path.join(ROOT, "docs", "pong")
+    _committed_evidence(folder, P.PATHS, C.PONG_PPO, ("docs/pong.md", "README.md"))
+
+
+def _committed_evidence(folder: str, paths, task, pages) -> list:
+    """The rows under ``folder`` (docs/...), checked as --plot-only's input: known paths, one
+    row per iteration of each run in order, ``table.md`` and each page's copy equal to what the
+    files give, the figure present."""
     rows = C.read_rows(folder)
-    assert rows, "docs/pong/ holds no curve"
-    assert {r["path"] for r in rows} <= set(P.PATHS)
-    # A resumed run's file replaces the stopped run's rows past its checkpoint: one row per
-    # iteration of each run, in order.
+    assert rows, f"{folder} holds no curve"
+    assert {r["path"] for r in rows} <= set(paths)
     for key, run_rows in C.group_runs(rows).items():
         its = [r["iteration"] for r in run_rows]
         assert its == list(range(1, len(its) + 1)), key
-    expected = C.report_text(rows)
+    expected = C.report_text(rows, task)
     with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
         assert f.read() == expected
-    for page in ("docs/pong.md", "README.md"):
+    for page in pages:
         with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-            assert expected.strip() in f.read(), (
-                f"{page}: its Pong table is not what the files give"
-            )
+            assert expected.strip() in f.read(), f"{page}: its {task.name} table differs"
     assert os.path.exists(os.path.join(folder, "learning.png"))
+    return rows
 
 
 def test_the_committed_cartpole_dqn_evidence_is_built_from_its_parquet_files():
     # docs/dqn/cartpole/ holds the CartPole DQN curves; its table and the copies in
     # docs/dqn.md and the README are what --plot-only builds from those files.
     folder = os.path.join(ROOT, "docs", "dqn", "cartpole")
-    rows = C.read_rows(folder)
-    assert rows, "docs/dqn/cartpole/ holds no curve"
-    assert {r["path"] for r in rows} <= set(P.DQN_PATHS)
-    for key, run_rows in C.group_runs(rows).items():
-        its = [r["iteration"] for r in run_rows]
-        assert its == list(range(1, len(its) + 1)), key
-    expected = C.report_text(rows, C.CARTPOLE_DQN)
-    with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
-        assert f.read() == expected
-    for page in ("docs/dqn.md", "README.md"):
-        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-            assert expected.strip() in f.read(), f"{page}: its CartPole DQN table differs"
-    assert os.path.exists(os.path.join(folder, "learning.png"))
+    _committed_evidence(folder, P.DQN_PATHS, C.CARTPOLE_DQN, ("docs/dqn.md", "README.md"))
 
 
 def test_the_committed_cartpole_dqn_sweep_is_what_docs_dqn_md_says():
@@ -432,18 +425,9 @@ def test_the_committed_pong_dqn_evidence_is_built_from_its_parquet_files():
     # docs/dqn/pong/ holds the Pong DQN curves; its table and docs/dqn.md's copy of it are
     # what --plot-only builds from those files.
     folder = os.path.join(ROOT, "docs", "dqn", "pong")
-    rows = C.read_rows(folder)
-    assert rows, "docs/dqn/pong/ holds no curve"
-    assert {r["path"] for r in rows} <= set(P.PONG_DQN_PATHS)
-    for key, run_rows in C.group_runs(rows).items():
-        its = [r["iteration"] for r in run_rows]
-        assert its == list(range(1, len(its) + 1)), key
-    expected = C.report_text(rows, C.PONG_DQN)
-    with open(os.path.join(folder, "table.md"), encoding="utf-8") as f:
-        assert f.read() == expected
+    rows = _committed_evidence(folder, P.PONG_DQN_PATHS, C.PONG_DQN, ("docs/dqn.md",))
     with open(os.path.join(ROOT, "docs", "dqn.md"), encoding="utf-8") as f:
         page = f.read()
-    assert expected.strip() in page, "docs/dqn.md: its Pong DQN table differs"
     # The page's sentence on seed 0 is the table's figures.
     (m,) = [C.run_milestones(r, C.PONG_DQN) for k, r in C.group_runs(rows).items() if k[2] == 0]
     assert f"+{m['return_at_2M']:.1f} at 2M env steps" in page
