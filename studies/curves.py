@@ -97,6 +97,8 @@ COLUMNS = {
     "episodes": "int64",
     "date": "string",
     "machine": "string",
+    # The training process's peak resident memory so far (its VmHWM), MiB; None in older files.
+    "peak_rss_mib": "float64",
 }
 
 

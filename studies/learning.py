@@ -49,6 +49,7 @@ import glob
 import json
 import math
 import os
+import resource
 import shutil
 import sys
 import time
@@ -254,6 +255,8 @@ def train_one(
                 "episodes": episodes,
                 "date": datetime.date.today().isoformat(),
                 "machine": machine,
+                # ru_maxrss is in KiB on Linux; the local EnvRunner and learner live here.
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
             rows.append(point)
             write_rows(rows, curves)
