@@ -360,7 +360,10 @@ def table(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str:
     to = [f"to {task.milestone_returns[0]:g} (steps / time)"]
     signed = min(task.milestone_returns) <= 0  # Pong's scores run from -21 to +21
     to += [f"to {r:+g}" if signed else f"to {r:g}" for r in task.milestone_returns[1:]]
-    header = ["date", "path", "seed", "env steps", "hours", *at, "final", *to, "machine"]
+    # Files written since peak memory was recorded get its column and the speed beside it.
+    memory = any(r.get("peak_rss_mib") is not None for r in rows)
+    extra = ["env steps/s", "peak memory"] if memory else []
+    header = ["date", "path", "seed", "env steps", "hours", *at, "final", *to, *extra, "machine"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (date, path, seed), run_rows in group_runs(rows).items():
         m = run_milestones(run_rows, task)
@@ -376,6 +379,10 @@ def table(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str:
         cells += [
             steps_time(m[f"steps_to_{r:g}"], m[f"seconds_to_{r:g}"]) for r in task.milestone_returns
         ]
+        if memory:
+            peaks = [r["peak_rss_mib"] for r in run_rows if r.get("peak_rss_mib") is not None]
+            cells.append(f"{m['env_steps'] / m['seconds']:.0f}" if m["seconds"] else "-")
+            cells.append(f"{max(peaks) / 1024:.1f} GiB" if peaks else "-")
         cells.append(run_rows[0]["machine"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

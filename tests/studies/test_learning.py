@@ -169,6 +169,21 @@ def test_plot_only_builds_the_figure_and_table_from_the_parquet_files_alone(tmp_
     assert "0.00M" not in table
 
 
+def test_the_table_gives_speed_and_peak_memory_once_a_file_records_memory(tmp_path):
+    old = _rows("amp-native-seed0", P.AMP, 0, [(1e6, 5000.0, -15.0)])
+    new = _rows("fp32-native-seed0", P.FP32_NATIVE, 0, [(5e5, 2500.0, -20.0), (1e6, 4000.0, -9.0)])
+    new[0]["peak_rss_mib"], new[1]["peak_rss_mib"] = 3000.0, 3584.0
+    # Written and read back: the column survives parquet; older rows read it as None.
+    C.write_rows(old + new, str(tmp_path / "c.parquet"))
+    rows = C.read_rows(str(tmp_path / "c.parquet"))
+    assert [r["peak_rss_mib"] for r in rows] == [None, 3000.0, 3584.0]
+    text = C.table(rows)
+    assert "| env steps/s | peak memory | machine |" in text
+    assert "| 200 | - | " + MACHINE in text  # the older run: its speed, no memory on record
+    assert "| 250 | 3.5 GiB | " + MACHINE in text  # the largest peak of the run
+    assert "peak memory" not in C.table(old)  # tables of older files stay as they were
+
+
 def test_plot_only_of_a_folder_without_curves_exits_2(tmp_path, capsys):
     assert P.main(["--plot-only", str(tmp_path)]) == 2
     assert "no curve rows" in capsys.readouterr().err
