@@ -28,17 +28,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rllib_amp.experiment.data import CheckpointSection, ExperimentData
-from rllib_amp.experiment.dotted import (
-    TOP_KEYS,
-    override_parts,
-    replaced_searches,
-    with_override,
-)
+from rllib_amp.experiment.dotted import TOP_KEYS, override_parts, replaced_searches, with_override
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
-from rllib_amp.experiment.schema import algorithm_config_class, validate
+from rllib_amp.experiment.schema import validate
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -49,7 +44,6 @@ __all__ = [
     "Experiment",
     "ExperimentError",
     "Sampler",
-    "algorithm_config_class",
     "load",
     "parse_override",
     "preflight",
@@ -96,7 +90,6 @@ class Experiment:
     path: str = "<dict>"
     notes: tuple[str, ...] = field(default=(), compare=False)
 
-    # -- access ---------------------------------------------------------------------------
     @property
     def algorithm(self) -> str:
         return str(self.data["algorithm"])
@@ -112,26 +105,23 @@ class Experiment:
             return "experiment"
         return os.path.splitext(os.path.basename(self.path))[0]
 
-    # Copies of one section each, so callers may change what they get.
+    # Copies of one section each, so callers may change what they get. ``tune`` is typed as
+    # plain data, not a TuneSection, while sweep/ indexes ``pbt`` without a None check.
     @property
     def tune(self) -> dict[str, Any]:
-        """A copy of the 'tune' section: its normalised keys (a ``TuneSection``; typed as
-        plain data while sweep/ indexes ``pbt`` without a None check)."""
         return dict(self.data["tune"])
 
     @property
     def stop(self) -> dict[str, float]:
-        """A copy of the 'stop' section: its normalised keys."""
         return dict(self.data["stop"])
 
     @property
     def checkpoint(self) -> CheckpointSection:
-        """A copy of the 'checkpoint' section: its normalised keys."""
         return self.data["checkpoint"].copy()
 
     @property
     def search(self) -> dict[str, Sampler]:
-        """A copy of the 'search' section: dotted key -> Sampler, in file order."""
+        """Dotted key -> Sampler, in file order."""
         return dict(self.data["search"])
 
     def get(self, dotted: str, default: object = None) -> Any:
@@ -143,7 +133,6 @@ class Experiment:
             node = node[part]
         return node
 
-    # -- derived experiments ----------------------------------------------------------------
     def with_overrides(self, overrides: Mapping[str, object] | Iterable[str] | None) -> Experiment:
         """A new, validated Experiment with dotted-key overrides applied.
 
@@ -170,24 +159,11 @@ class Experiment:
             data = with_override(data, key, value, self.path)
         return Experiment(validate(data, self.path), self.path, tuple(notes))
 
-    # -- RLlib and Tune ---------------------------------------------------------------------
     def algorithm_config(self) -> AlgorithmConfig:
         """The RLlib AlgorithmConfig for this experiment, built with builder methods."""
         from rllib_amp.experiment import builder
 
         return builder.algorithm_config(self.data)
-
-    def param_space(self) -> dict[str, object]:
-        """The Tune search space: dotted key -> Tune Domain (or grid_search dict)."""
-        from rllib_amp.experiment import builder
-
-        return builder.param_space(self.data["search"])
-
-    def tune_param_space(self) -> AlgorithmConfig:
-        """``algorithm_config`` with the search space placed at its keys."""
-        from rllib_amp.experiment import builder
-
-        return builder.algorithm_config(self.data, searched=self.param_space())
 
     def resolved(self) -> dict[str, object]:
         """The full normalised experiment as plain data (for --dry-run and overrides)."""

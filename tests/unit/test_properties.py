@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from rllib_amp import AmpSettings
 from rllib_amp import experiment as E
+from rllib_amp.sweep import schedulers
 
 ANY = st.one_of(
     st.none(),
@@ -104,7 +105,7 @@ def test_experiment_loader_accepts_valid_or_raises_value_error(mutations):
     # Accepted: it builds an RLlib config and a Tune search space, and its plain form
     # validates back to the same experiment.
     exp.algorithm_config()
-    exp.tune_param_space()
+    schedulers.param_space(exp)
     assert E.validate(exp.resolved(), "<prop>") == exp.data
 
 

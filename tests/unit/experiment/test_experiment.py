@@ -12,7 +12,9 @@ from ray.rllib.algorithms.ppo import PPOConfig
 
 from rllib_amp import experiment as E
 from rllib_amp.envs import configure as envs
+from rllib_amp.experiment import builder
 from rllib_amp.settings import AMP_CONFIG_KEY, settings_from_config
+from rllib_amp.sweep import schedulers
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "tune_configs", "*.yaml")))
@@ -47,7 +49,7 @@ def test_every_shipped_config_loads_and_builds():
         config.validate()
         assert config.learner_class.__name__.startswith("Amp"), path
         assert exp.search, f"{path} sweeps nothing"
-        space = exp.tune_param_space()
+        space = schedulers.param_space(exp)
         assert space.learner_config_dict[AMP_CONFIG_KEY]
         with open(path, encoding="utf-8") as f:
             first = f.readline()
@@ -70,13 +72,14 @@ def test_param_space_places_samplers_at_their_keys(tmp_path):
     from ray.tune.search.sample import Domain
 
     exp = E.load(write(tmp_path, GOOD))
-    space = exp.param_space()
+    space = builder.initial_space(exp.data)  # the file's seed gives each sample its own
     assert set(space) == {
         "amp.init_scale",
         "amp.growth_interval",
         "training.train_batch_size_per_learner",
+        "seed",
     }
-    cfg = exp.tune_param_space()
+    cfg = schedulers.param_space(exp)
     assert cfg.learner_config_dict[AMP_CONFIG_KEY]["init_scale"] == {
         "grid_search": [256.0, 65536.0]
     }
@@ -357,7 +360,7 @@ def test_searched_seed_env_config_and_model_keys_reach_the_param_space():
             "model.fcnet_hiddens": {"grid": [[16], [32, 32]]},
         },
     )
-    cfg = exp.tune_param_space()
+    cfg = schedulers.param_space(exp)
     assert cfg.seed == {"grid_search": [0, 1, 2]}
     assert cfg.env_config["max_episode_steps"].categories == [100, 200]
     assert cfg.model_config["fcnet_hiddens"] == {"grid_search": [[16], [32, 32]]}
@@ -387,7 +390,7 @@ def test_a_fixed_value_for_a_searched_key_replaces_its_search_in_the_order_given
     exp = E.load(path, overrides=["amp.init_scale=2048", "amp.growth_interval=100"])
     assert exp.get("amp.init_scale") == 2048 and exp.get("amp.growth_interval") == 100
     assert list(exp.search) == ["training.train_batch_size_per_learner"]
-    assert "amp.init_scale" not in exp.param_space()
+    assert "amp.init_scale" not in builder.initial_space(exp.data)
     assert exp.notes == (
         "--set amp.init_scale=2048 replaces the search over amp.init_scale (2 values)",
         "--set amp.growth_interval=100 replaces the search over amp.growth_interval (2 values)",
