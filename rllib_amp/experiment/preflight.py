@@ -34,8 +34,8 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, cast
 
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.sampler import Sampler
@@ -43,30 +43,9 @@ from rllib_amp.experiment.sampler import Sampler
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-    from rllib_amp.experiment.data import ExperimentData, Section
+    from rllib_amp.experiment import Experiment  # only a type: the package imports this module
+    from rllib_amp.experiment.data import Section
     from rllib_amp.experiment.results import ResultCatalog
-
-
-class Experiment(Protocol):
-    """What pre-flight reads of ``rllib_amp.experiment.Experiment``, whose package imports
-    this module (importing the class here would be an import cycle)."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def data(self) -> ExperimentData: ...
-    @property
-    def algorithm(self) -> str: ...
-    @property
-    def env(self) -> str: ...
-    @property
-    def search(self) -> dict[str, Sampler]: ...
-    @property
-    def stop(self) -> dict[str, float]: ...
-    @property
-    def tune(self) -> dict[str, Any]: ...
-    def with_overrides(self, overrides: Mapping[str, object]) -> Experiment: ...
-    def algorithm_config(self) -> AlgorithmConfig: ...
 
 
 # Configs checked with every combination of searched values when there are at most this many;
@@ -132,14 +111,7 @@ def _draws(sampler: Sampler, rng: random.Random) -> list[object]:
             values.append(math.exp(rng.uniform(math.log(lo), math.log(hi))))
         else:
             values.append(rng.uniform(lo, hi))
-    return _unique(values)
-
-
-def _unique(values: Sequence[object]) -> list[object]:
-    seen: dict[str, object] = {}
-    for v in values:
-        seen.setdefault(repr(v), v)
-    return list(seen.values())
+    return list({repr(v): v for v in values}.values())
 
 
 def sweep_points(search: Mapping[str, Sampler], seed: int = 0) -> list[dict[str, object]]:
@@ -247,12 +219,11 @@ def _nearest(results: ResultCatalog, key: str) -> str:
 def _build_runtime(
     exp: Experiment, trial: Experiment, config: AlgorithmConfig, point: Mapping[str, object]
 ) -> None:
-    """Builds what a trial's env runner builds first: the env and the RLModule; closes them.
+    """Builds what a trial's env runner builds first, the env and the RLModule; closes them.
 
-    Not built or run: the Learner (its torch optimizer imports torch's compiler on first use,
-    seconds of a dry run; the schema checks the training values it would take), and env
-    steps (an env_config can make one reset take unbounded time, e.g. an ALE frameskip of
-    10**9, and a check that can hang is worse than none).
+    Not built: the Learner (its torch optimizer imports torch's compiler on first use, seconds
+    of a dry run). Not run: env steps (an env_config can make one reset take unbounded time,
+    e.g. an ALE frameskip of 10**9, and a check that can hang is worse than none).
     """
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
@@ -290,11 +261,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def _error_with_cause(e: BaseException) -> str:
-    """The error in one line, with the error it was raised from, if any.
-
-    RLlib re-raises some errors as something else (a module that cannot be built ends as a
-    deprecation message); the error just below is the telling one, not the first in the chain.
-    """
+    """The error in one line, with the one it was raised from: RLlib re-raises some errors as
+    something else (a module that cannot be built ends as a deprecation message)."""
     line = _one_line(e)
     below = e.__cause__ or e.__context__
     if below is not None and str(below) not in str(e):
@@ -303,10 +271,8 @@ def _error_with_cause(e: BaseException) -> str:
 
 
 def _named_key(exp: Experiment, message: str, default: str, point: Mapping[str, object]) -> str:
-    """The experiment key an RLlib error message mentions (its name as a word), or ``default``.
-
-    Searched keys first: when a sweep fails at one point, its values are the likely cause.
-    """
+    """The experiment key an RLlib error message names as a word, or ``default``; searched keys
+    first (when a sweep fails at one point, its values are the likely cause)."""
     sections: Mapping[str, object] = exp.data  # _SECTIONS are free-form sections
     candidates = [*point, *(f"{s}.{k}" for s in _SECTIONS for k in cast("Section", sections[s]))]
     for dotted in candidates:
@@ -331,10 +297,7 @@ def _failure(
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Silences RLlib's log lines, Python warnings and native stderr (the ALE banner).
-
-    A failure is reported as one line; what RLlib printed on the way there is noise.
-    """
+    """Silences RLlib's log lines, Python warnings and native stderr (the ALE banner)."""
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     with contextlib.ExitStack() as stack:

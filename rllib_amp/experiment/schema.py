@@ -43,8 +43,6 @@ from rllib_amp.experiment.sampler import Sampler
 from rllib_amp.settings import AmpSettings, WarmStart
 
 if TYPE_CHECKING:
-    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-
     from rllib_amp.experiment.data import CheckpointSection, ExperimentData, Section
 
 EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
@@ -61,37 +59,13 @@ NOT_SEARCHABLE = {
 }
 
 
-def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
-    """RLlib's config class for an algorithm name; ExperimentError names the supported ones.
-
-    Example:
-        >>> algorithm_config_class("dqn").__name__
-        'DQNConfig'
-    """
-    try:
-        return algorithm(name).config_class
-    except ValueError as e:
-        raise ExperimentError(str(e)) from None
-
-
-@functools.cache
-def modelcheck_keys() -> tuple[str, ...]:
-    """The keys of ``model``: rllib-amp's two, then RLlib's DefaultModelConfig fields."""
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
-    return ("preset", "batchnorm", *(f.name for f in dataclasses.fields(DefaultModelConfig)))
-
-
-LR_SCHEDULE_EXAMPLE = "lr: [[0, 2.5e-4], [3000000, 0.0]]"
-
-
 def _lr(path: str, v: object) -> None:
     """A learning rate >= 0, or RLlib's schedule form: [[env_step, lr], ...] pairs, steps
     increasing from 0, interpolated linearly (RLlib's ``Scheduler``)."""
     if is_number(v):
         check_number(path, "training.lr", v, (int, float), 0.0)
         return
-    fix = f"expected a number or RLlib's schedule form, e.g. {LR_SCHEDULE_EXAMPLE}"
+    fix = "expected a number or RLlib's schedule form, e.g. lr: [[0, 2.5e-4], [3000000, 0.0]]"
     if not isinstance(v, list) or not v:
         raise err(path, "training.lr", f"got {v!r}; {fix}")
     previous: Any = -1
@@ -140,11 +114,14 @@ def _env(value: object, exp: ExperimentData, path: str) -> str:
 
 def _model(value: object, exp: ExperimentData, path: str) -> Section:
     """A preset name, or a mapping of preset / batchnorm / RLlib DefaultModelConfig fields."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
     from rllib_amp.envs import configure as envs
     from rllib_amp.envs import models
 
     model = check_mapping(path, "model", {"preset": value} if isinstance(value, str) else value)
-    check_keys(path, "model", model, modelcheck_keys())
+    fields = (f.name for f in dataclasses.fields(DefaultModelConfig))
+    check_keys(path, "model", model, ("preset", "batchnorm", *fields))
     if "preset" in model and model["preset"] not in models.PRESETS:
         raise err(
             path,
@@ -179,8 +156,7 @@ def _amp(value: object, exp: ExperimentData, path: str) -> Section:
 
 @functools.lru_cache(maxsize=16)
 def _check_warm_start(checkpoint: str, modules: tuple[tuple[str, str], ...] | None) -> None:
-    """``warm_start.check_warm_start`` for a YAML experiment, whose one module is RLlib's
-    default; cached, since every override and search edge validates the amp section again."""
+    # Cached: every override and search edge validates the amp section again.
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_amp.scaling.warm_start import check_warm_start
@@ -325,24 +301,21 @@ SECTIONS: dict[str, Callable[[object, ExperimentData, str], object]] = {
 
 def _batch_bounds(exp: ExperimentData, key: str, default: int | None) -> tuple[object, object]:
     """(smallest, largest) value ``training.key`` can take, searched, mutated by PBT or not."""
+    value = exp["training"].get(key, default)  # a PBT trial may start at the file's value
+    searched = exp["search"].get(f"training.{key}")
     pbt = exp["tune"]["pbt"]
-    mutated = (pbt["hyperparam_mutations"] if pbt else {}).get(f"training.{key}")
-    samplers = [exp["search"].get(f"training.{key}"), mutated and Sampler.parse(mutated)]
-    edges: list[object] = [v for s in samplers if s for v in s.edges() if is_number(v)]
-    if mutated and f"training.{key}" not in exp["search"]:
-        edges.append(exp["training"].get(key, default))  # a trial may start at the file's value
+    mutated = pbt["hyperparam_mutations"].get(f"training.{key}") if pbt else None
+    edges = searched.edges() if searched else [value]
+    edges += Sampler.parse(mutated).edges() if mutated else []
     nums = [v for v in edges if is_number(v)]
-    if nums:
-        return min(nums), max(nums)
-    v = exp["training"].get(key, default)
-    return v, v
+    return (min(nums), max(nums)) if nums else (value, value)
 
 
 def _check_batch_sizes(exp: ExperimentData, path: str) -> None:
     """Learners that split each train batch into minibatches: none may outgrow the batch."""
     if not algorithm(exp["algorithm"]).minibatches:
         return
-    defaults = algorithm_config_class(exp["algorithm"])()
+    defaults = algorithm(exp["algorithm"]).config_class()
     batch_lo, _ = _batch_bounds(
         exp, "train_batch_size_per_learner", defaults.train_batch_size_per_learner
     )
@@ -373,7 +346,14 @@ def validate(raw: object, path: str = "<dict>") -> ExperimentData:
             f"{type(raw).__name__}; start the file with e.g. 'algorithm: PPO'"
         )
     check_keys(path, "", raw, TOP_KEYS)
-    _check_shape(raw, path)
+    # Each section is a mapping where one belongs, checked before any section's content: a
+    # file of the wrong shape is refused before the env and training checks import RLlib.
+    for section in TOP_KEYS:
+        value = raw.get(section)
+        if section not in ("algorithm", "env", "seed", "storage_path") and not (
+            section == "model" and isinstance(value, str)
+        ):
+            check_mapping(path, section, value)
     out: dict[str, object] = {}
     # The table fills ExperimentData's keys in order; each check reads those before it.
     data = cast("ExperimentData", out)
@@ -382,16 +362,3 @@ def validate(raw: object, path: str = "<dict>") -> ExperimentData:
     _check_batch_sizes(data, path)
     check_pbt_needs(data, path)
     return data
-
-
-def _check_shape(raw: Mapping[str, object], path: str) -> None:
-    """Each section is a mapping where one belongs (``model`` may name a preset instead).
-    Checked before any section's content, so a file of the wrong shape is refused before the
-    env and training checks import RLlib."""
-    for section in TOP_KEYS:
-        value = raw.get(section)
-        named = section in ("algorithm", "env", "seed", "storage_path") or (
-            section == "model" and isinstance(value, str)
-        )
-        if not named:
-            check_mapping(path, section, value)
