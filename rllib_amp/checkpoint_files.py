@@ -1,28 +1,21 @@
 """Checkpoint files: a manifest of checksums at save time, every file read before a restore.
 
-In the base layer: restores (``checkpoints/``) and warm starts (``scaling/``) read a
-checkpoint through the same checks.
-
-RLlib restores an Algorithm component by component (learner group, then env runner, then the
-algorithm's own state), so a damaged file found half-way leaves half a state behind. Here the
-whole checkpoint is read first, and a restore goes ahead only when every file:
+In the base layer: restores (``checkpoints/``) and warm starts (``scaling/``) share the checks.
+RLlib restores an Algorithm component by component, so a damaged file found half-way leaves
+half a state behind. Here the whole checkpoint is read first, and a restore goes ahead only
+when every file:
 
 - is listed in the manifest with the same size and sha256, when the checkpoint has one
   (``rllib_amp_manifest.json``, written last by ``write_manifest``);
 - parses (pickle, msgpack, json), so truncated or overwritten files are caught without one;
-- holds finite module weights and optimizer state (the ``rl_module`` and ``optimizer``
-  parts of a state, and ``module_state`` files) and a finite, positive loss scale: a run that
-  diverged saved garbage.
+- holds finite module weights and optimizer state (``rl_module`` and ``optimizer`` parts,
+  ``module_state`` files) and a finite, positive loss scale: a run that diverged saved garbage.
 
-Before any file is read: a symbolic link that leads out of the checkpoint folder is refused
-(the check would read, and RLlib load, whatever it points to), and so is a state file that
-RLlib's restore reads but that is missing: each component folder's own state file, and those
-the caller names (``required``, from ``rllib_restore_files``). A file the manifest does not
-list is refused when RLlib reads it (it was put there after the save) and named in one
-WARNING otherwise.
-
-Checkpoints without a manifest (stock RLlib, older rllib-amp) are still read and checked, with
-one INFO line. Paths are local folders or pyarrow URIs (``s3://``, ``gs://``, ``file://``).
+Before any file is read, a symbolic link that leads out of the folder is refused, and so is a
+missing state file that RLlib's restore reads (each component folder's own, and ``required``).
+A file the manifest does not list is refused when RLlib reads it (put there after the save),
+else named in one WARNING. Checkpoints without a manifest (stock RLlib, older rllib-amp) are
+still read and checked, with one INFO line. Paths: local folders or pyarrow URIs.
 
 Example:
     >>> import os, pickle, tempfile
@@ -37,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -71,6 +65,7 @@ from rllib_amp.fs import (
     resolve,
 )
 from rllib_amp.log_events import event
+from rllib_amp.settings import scaler_state_defects
 
 if TYPE_CHECKING:
     from ray.rllib.utils.checkpoints import Checkpointable
@@ -102,7 +97,7 @@ _STATE_ENDINGS = (".msgpack", ".pkl")
 # one RLlib's restore descends into.
 _COMPONENT_MARKERS = ("metadata.json", "class_and_ctor_args.pkl")
 # Other files RLlib reads: Algorithm.from_checkpoint's class file and checkpoint info.
-_READ_BY_FROM_CHECKPOINT = ("class_and_ctor_args.pkl", "rllib_checkpoint.json")
+_READ_BY_RLLIB = ("class_and_ctor_args.pkl", "rllib_checkpoint.json")
 # The scalers' state inside a learner state (rllib_amp.scaling.state.AMP_STATE_KEY, a layer
 # above this one): its loss scale must be finite and positive.
 _AMP_STATE_KEY = "amp_scalers"
@@ -127,17 +122,11 @@ def verify_checkpoint(
 ) -> VerifiedCheckpoint | None:
     """Reads every file of a checkpoint folder; CheckpointError names the first damaged one.
 
-    Refuses symbolic links that lead out of the folder and missing state files (each
-    component folder's own, and ``required``: paths relative to ``path``, such as
-    ``rllib_restore_files`` lists) before reading anything. Checks sizes and checksums
-    against the checkpoint's manifest (its own, or the one of the algorithm checkpoint it is
-    part of), refuses state files it does not list and warns of other unlisted files, parses
-    every state file, and rejects non-finite module weights, optimizer state or loss scales.
-    Without a manifest, logs one INFO line unless ``announce_missing_manifest`` is False.
-    ``for_rllib=False`` (a warm start, which reads only plain numbers and checks the scaler
-    state itself) accepts msgpack files where msgpack_numpy, which RLlib's own restore
-    needs, is not installed, component folders without their state file, and leaves the
-    loss scales to the caller.
+    The checks are the module's (above); the manifest is the folder's own, or that of the
+    algorithm checkpoint it is part of. ``for_rllib=False`` (a warm start, which reads only
+    plain numbers and checks the scaler state itself) accepts msgpack files without
+    msgpack_numpy, component folders without their state file, and leaves the loss scales
+    to the caller.
 
     Args:
         path: The checkpoint folder: a local path, a URI (``s3://...``) or, with
@@ -279,28 +268,20 @@ def _component_state_files(fs: pyarrow.fs.FileSystem, root: str, files: list[str
     for folder, names in sorted(by_folder.items()):
         if not any(marker in names for marker in _COMPONENT_MARKERS):
             continue
-        states = [
-            n
-            for n in sorted(names)
-            if posixpath.splitext(n)[0] in _RESTORED_STEMS
-            and posixpath.splitext(n)[1] in _STATE_ENDINGS
-        ]
-        name = states[0] if states else f"{_state_stem(fs, root, folder, names)}.pkl"
-        out.append(posixpath.join(folder, name))
+        states = [n for n in sorted(names) if _is_state_file(n)]
+        stem = "state"
+        if not states and _COMPONENT_MARKERS[0] in names:
+            path = posixpath.join(root, folder, _COMPONENT_MARKERS[0])
+            with contextlib.suppress(Exception):  # a damaged metadata.json: named when read
+                named = decode(path, read_bytes(fs, path)).get("state_file")
+                stem = named if named in _RESTORED_STEMS else stem
+        out.append(posixpath.join(folder, states[0] if states else f"{stem}.pkl"))
     return out
 
 
-def _state_stem(fs: pyarrow.fs.FileSystem, root: str, folder: str, names: set[str]) -> str:
-    """The state file stem RLlib's metadata.json in ``folder`` names; "state" without one."""
-    if _COMPONENT_MARKERS[0] in names:
-        path = posixpath.join(root, folder, _COMPONENT_MARKERS[0])
-        try:
-            stem = decode(path, read_bytes(fs, path)).get("state_file")
-        except Exception:  # a damaged metadata.json: named when it is read
-            stem = None
-        if isinstance(stem, str) and stem in _RESTORED_STEMS:
-            return stem
-    return "state"
+def _is_state_file(name: str) -> bool:
+    stem, ext = posixpath.splitext(posixpath.basename(name))
+    return stem in _RESTORED_STEMS and ext in _STATE_ENDINGS
 
 
 def _refuse_links_out_of(fs: pyarrow.fs.FileSystem, root: str) -> None:
@@ -347,12 +328,7 @@ def _check_unlisted(
         rel for rel in files if rel not in expected and posixpath.join(root, rel) != manifest_path
     ]
     for rel in unlisted:
-        stem, ext = posixpath.splitext(posixpath.basename(rel))
-        if (
-            rel in required
-            or (stem in _RESTORED_STEMS and ext in _STATE_ENDINGS)
-            or posixpath.basename(rel) in _READ_BY_FROM_CHECKPOINT
-        ):
+        if rel in required or _is_state_file(rel) or posixpath.basename(rel) in _READ_BY_RLLIB:
             fail(
                 fs,
                 posixpath.join(root, rel),
@@ -398,47 +374,41 @@ def _check_content(
         return
     except Exception as e:  # any other parse failure means a damaged file
         fail(fs, full, f"is truncated or corrupted ({type(e).__name__}: {e})")
-    parts = [("", obj)] if stem == _MODULE_STATE_STEM else _finite_parts(obj)
+    if stem == _MODULE_STATE_STEM:
+        parts = [("", obj)]
+    else:
+        parts = [(k, obj[k]) for k in _FINITE_KEYS if isinstance(obj, dict) and k in obj]
     # A warm start (not for RLlib) checks the scaler state it reads itself, value by value.
     if for_rllib and isinstance(obj, dict) and isinstance(obj.get(_AMP_STATE_KEY), dict):
         parts.append((_AMP_STATE_KEY, obj[_AMP_STATE_KEY]))
         _check_scales(fs, full, obj[_AMP_STATE_KEY])
     for key, part in parts:
-        bad = next(_nonfinite(part, key), None)
-        if bad is not None:
-            where, nans, infs = bad
+        if (bad := next(_nonfinite(part, key), None)) is not None:
             fail(
                 fs,
                 full,
-                f"holds non-finite values at {where or '(the whole state)'} ({nans} nan, "
-                f"{infs} inf): the run that saved it had diverged",
+                f"holds non-finite values at {bad[0] or '(the whole state)'} ({bad[1]} nan, "
+                f"{bad[2]} inf): the run that saved it had diverged",
                 advice="Restore from an earlier checkpoint.",
             )
 
 
 def _check_scales(fs: pyarrow.fs.FileSystem, full: str, scalers: Mapping[str, object]) -> None:
-    """A saved loss scale of 0 or below is as unusable as an inf one."""
+    """A saved loss scale of 0 or below is as unusable as an inf one (named by _nonfinite)."""
     for module_id, state in scalers.items():
-        torch_state = state.get("torch") if isinstance(state, dict) else None
-        scale = torch_state.get("scale") if isinstance(torch_state, dict) else None
-        try:
-            value = float(scale) if scale is not None else None
-        except (TypeError, ValueError):
-            value = float("nan")
-        if value is not None and math.isfinite(value) and value <= 0:
-            fail(
-                fs,
-                full,
-                f"holds a loss scale of {value:g} for module {module_id!r} at "
-                f"{_AMP_STATE_KEY}/{module_id}/torch/scale: a loss scale must be > 0",
-                advice="Restore from an earlier checkpoint.",
-            )
-
-
-def _finite_parts(obj: object) -> list[tuple[str, object]]:
-    if not isinstance(obj, dict):
-        return []
-    return [(key, obj[key]) for key in _FINITE_KEYS if key in obj]
+        for field, scale in scaler_state_defects(state):
+            try:
+                value = float(scale) if field == "scale" else math.nan
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(value) and value <= 0:
+                fail(
+                    fs,
+                    full,
+                    f"holds a loss scale of {value:g} for module {module_id!r} at "
+                    f"{_AMP_STATE_KEY}/{module_id}/torch/scale: a loss scale must be > 0",
+                    advice="Restore from an earlier checkpoint.",
+                )
 
 
 def _nonfinite(obj: object, where: str) -> Iterator[tuple[str, int, int]]:

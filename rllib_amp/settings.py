@@ -16,7 +16,7 @@ import dataclasses
 import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,6 +45,8 @@ MIN_INIT_SCALE = 2.0**-24
 
 # Where the settings live inside an RLlib AlgorithmConfig: learner_config_dict[AMP_CONFIG_KEY].
 AMP_CONFIG_KEY = "rllib_amp"
+# The format of ``PolicyScaler.state_dict()``.
+STATE_VERSION = 1
 
 WARM_START_KEYS: tuple[str, ...] = ("from", "modules")
 
@@ -397,3 +399,29 @@ def store_in_config(
             )
         block[key] = sampler
     config.learners(learner_config_dict={AMP_CONFIG_KEY: block})
+
+
+def scaler_state_defects(state: object) -> Iterator[tuple[str, Any]]:
+    """(field, value) of each field of a saved PolicyScaler state that no scaler could load
+    (``""``: the state itself is no mapping); restores, warm starts and the scaler check it."""
+    if not isinstance(state, Mapping):
+        yield "", state
+        return
+    if type(version := state.get("version")) is not int or version != STATE_VERSION:
+        yield "version", version
+    if not isinstance(state.get("scaling"), bool):
+        yield "scaling", state.get("scaling")
+    if not isinstance(torch_state := state.get("torch"), Mapping):
+        yield "torch", torch_state
+        return
+    scale = torch_state.get("scale", 1.0)
+    if not (
+        isinstance(scale, numbers.Real)
+        and not isinstance(scale, bool)
+        and math.isfinite(scale)
+        and FLOAT32_TINY <= float(scale) <= FLOAT32_MAX
+    ):
+        yield "scale", scale
+    tracker = torch_state.get("_growth_tracker", 0)
+    if not isinstance(tracker, numbers.Integral) or isinstance(tracker, bool) or tracker < 0:
+        yield "_growth_tracker", tracker

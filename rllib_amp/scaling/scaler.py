@@ -20,9 +20,7 @@ from typing import TypedDict
 
 import torch
 
-from rllib_amp.settings import AmpSettings
-
-STATE_VERSION = 1
+from rllib_amp.settings import STATE_VERSION, AmpSettings, scaler_state_defects
 
 
 # What ``PolicyScaler.state_dict`` returns; "torch" is the GradScaler's own state dict.
@@ -349,7 +347,7 @@ class PolicyScaler:
 
 
 def _check_state(state: object) -> None:
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+    if any(field in ("", "version") for field, _ in scaler_state_defects(state)):
         raise ValueError(
             f"scaler state: expected a dict with version {STATE_VERSION}, got "
             f"{type(state).__name__}; was this checkpoint written by rllib-amp?"

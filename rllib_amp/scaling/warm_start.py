@@ -24,8 +24,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import posixpath
 from collections.abc import Iterable, Mapping
 
@@ -44,15 +42,16 @@ from rllib_amp.fs import (
     resolve,
 )
 from rllib_amp.log_events import event
-from rllib_amp.scaling.scaler import (
-    STATE_VERSION,
-    PolicyScaler,
-    ScalerState,
-    saved_scale,
-    seed_scalers,
-)
+from rllib_amp.scaling.scaler import PolicyScaler, ScalerState, saved_scale, seed_scalers
 from rllib_amp.scaling.state import AMP_STATE_KEY
-from rllib_amp.settings import FLOAT32_MAX, FLOAT32_TINY, AmpSettings, WarmStart
+from rllib_amp.settings import (
+    FLOAT32_MAX,
+    FLOAT32_TINY,
+    STATE_VERSION,
+    AmpSettings,
+    WarmStart,
+    scaler_state_defects,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -159,53 +158,33 @@ def _read_scaler_states(path: str, where: str) -> dict[str, ScalerState]:
     return dict(saved)
 
 
+# What a saved scaler state's field must be, by the field ``scaler_state_defects`` names.
+_DEFECTS = {
+    "": "scaler state {!r}, not a mapping",
+    "version": f"scaler state version {{!r}}; this rllib-amp reads version {STATE_VERSION} "
+    f"(saved by another rllib-amp, or edited)",
+    "scaling": "saved scaling flag {!r}; it is true or false",
+    "torch": "saved GradScaler state {!r}, not a mapping",
+    "scale": f"saved scale {{!r}}; a loss scale is a positive normal float32, in "
+    f"[{FLOAT32_TINY:g}, {FLOAT32_MAX:g}]",
+    "_growth_tracker": "saved growth tracker {!r}; it is a count of clean steps, an integer >= 0",
+}
+
+
 def _check_saved_scales(file: str, saved: object) -> None:
-    """ValueError naming the file, the module and the value when a saved scaler state is one
-    this version cannot read, or holds a scale or growth tracker no GradScaler could: such a
-    run never saved it, the file was edited or written by another version."""
+    """ValueError naming the file, the module and the value of a scaler state no scaler
+    could load: such a run never saved it; the file was edited or written by another version."""
     if not isinstance(saved, Mapping):
         raise ValueError(
             f"{WHERE}.from: {file}: the AMP scaler state is a {type(saved).__name__}, not a "
             f"mapping of ModuleID -> scaler state; warm-start from another checkpoint"
         )
-    fix = "warm-start from another checkpoint, or drop warm_start to start from init_scale"
     for module_id, state in saved.items():
-        at = f"{WHERE}.from: {file}: module {str(module_id)!r}"
-        if not isinstance(state, Mapping):
-            raise ValueError(f"{at} has the scaler state {state!r}, not a mapping; {fix}")
-        version = state.get("version")
-        if type(version) is not int or version != STATE_VERSION:
+        for field, value in scaler_state_defects(state):
             raise ValueError(
-                f"{at} has the scaler state version {version!r}; this rllib-amp reads version "
-                f"{STATE_VERSION} (saved by another rllib-amp, or edited); {fix}"
-            )
-        if not isinstance(state.get("scaling"), bool):
-            raise ValueError(
-                f"{at} has the saved scaling flag {state.get('scaling')!r}; it is true or "
-                f"false; {fix}"
-            )
-        torch_state = state.get("torch")
-        if not isinstance(torch_state, Mapping):
-            raise ValueError(
-                f"{at} has the saved GradScaler state {torch_state!r}, not a mapping; {fix}"
-            )
-        scale = torch_state.get("scale")
-        if "scale" in torch_state and not (
-            isinstance(scale, numbers.Real)
-            and not isinstance(scale, bool)
-            and math.isfinite(scale)
-            and FLOAT32_TINY <= float(scale) <= FLOAT32_MAX
-        ):
-            raise ValueError(
-                f"{at} has the saved scale {scale!r}; a loss scale is a positive normal "
-                f"float32, in [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}]; {fix}"
-            )
-        tracker = torch_state.get("_growth_tracker", 0)
-        counts = isinstance(tracker, numbers.Integral) and not isinstance(tracker, bool)
-        if not counts or int(tracker) < 0:
-            raise ValueError(
-                f"{at} has the saved growth tracker {tracker!r}; it is a count of clean "
-                f"steps, an integer >= 0; {fix}"
+                f"{WHERE}.from: {file}: module {str(module_id)!r} has the "
+                f"{_DEFECTS[field].format(value)}; warm-start from another checkpoint, or "
+                f"drop warm_start to start from init_scale"
             )
 
 
