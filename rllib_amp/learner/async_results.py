@@ -53,12 +53,7 @@ def collect_pending(
     ``result`` is returned as it is when nothing waits. ``stats_cls_lookup``: the config's
     (``AlgorithmConfig.stats_cls_lookup``), for custom reduce methods.
     """
-    pending = []
-    while True:
-        try:
-            pending.append(out_queue.get_nowait())
-        except queue.Empty:
-            break
+    pending = _drain(out_queue)
     if not pending:
         return result
     extra = {k: result.pop(k) for k in (_MODULE_STATE_KEY,) if k in result}
@@ -77,11 +72,13 @@ def collect_pending(
 def discard_pending(out_queue: queue.Queue | None) -> int:
     """Drops the results waiting in ``out_queue``; returns how many. After a restore they
     describe updates of the state that was replaced."""
-    dropped = 0
-    while out_queue is not None:
+    return 0 if out_queue is None else len(_drain(out_queue))
+
+
+def _drain(out_queue: queue.Queue) -> list:
+    items = []
+    while True:
         try:
-            out_queue.get_nowait()
+            items.append(out_queue.get_nowait())
         except queue.Empty:
-            break
-        dropped += 1
-    return dropped
+            return items

@@ -59,7 +59,16 @@ def autocast_forwards(module: object, precision: Precision) -> None:
     for name in _FORWARDS:
         original = getattr(module, name, None)
         if original is None:
-            _warn_missing_once(module, name)
+            key = (type(module).__qualname__, name)
+            if key not in _warned_missing:
+                _warned_missing.add(key)
+                logger.warning(
+                    "rllib_amp: %s has no %s, so that forward pass runs in float32 on the "
+                    "EnvRunners (RLlib's RLModule hook is gone or renamed: check the rllib-amp "
+                    "version against Ray's)",
+                    *key,
+                    extra=event("inference_autocast_skipped", module_class=key[0], method=name),
+                )
             continue
         if getattr(original, "_rllib_amp", False):
             continue
@@ -74,33 +83,15 @@ def autocast_forwards(module: object, precision: Precision) -> None:
         setattr(module, name, forward)
 
 
-def _warn_missing_once(module: object, name: str) -> None:
-    key = (type(module).__qualname__, name)
-    if key in _warned_missing:
-        return
-    _warned_missing.add(key)
-    logger.warning(
-        "rllib_amp: %s has no %s, so that forward pass runs in float32 on the EnvRunners "
-        "(RLlib's RLModule hook is gone or renamed: check the rllib-amp version against Ray's)",
-        key[0],
-        name,
-        extra=event("inference_autocast_skipped", module_class=key[0], method=name),
-    )
-
-
 # The one gymnasium id RLlib's EnvRunners register an env class or creator under (each
 # make_env registers it again; pinned in tests/integration/learner/test_env_runner.py).
 _RLLIB_SCRATCH_ENV_IDS = ("rllib-single-agent-env-v0", "rllib-multi-agent-env-v0")
 
 
 def forget_rllib_env_ids() -> None:
-    """Drops the entries RLlib's EnvRunners registered under their fixed gymnasium ids; call
-    it before building another (stock) EnvRunner in the same process.
-
-    RLlib registers an env given as a class or creator under one fixed id in every make_env,
-    so a second EnvRunner in a process re-registers it and gymnasium warns "Overriding
-    environment ... already in registry". The old entry is the earlier runner's, already
-    made into its envs.
+    """Drops what RLlib's EnvRunners registered under their fixed gymnasium ids (the earlier
+    runner's, already made into its envs); call it before building another (stock) EnvRunner
+    in the same process, or gymnasium warns "Overriding environment ... already in registry".
     """
     for env_id in _RLLIB_SCRATCH_ENV_IDS:
         gym.registry.pop(env_id, None)

@@ -40,19 +40,14 @@ def fuse_adam(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-def _unfuse_adam(optimizer: torch.optim.Optimizer) -> None:
-    # Back to RLlib's default: the implementation left to torch.
-    if type(optimizer) is torch.optim.Adam:
-        for g in optimizer.param_groups:
-            if g.get("fused"):
-                g["fused"] = None
-        optimizer.defaults["fused"] = None
-
-
 def set_adam_fusing(optimizers: Iterable[torch.optim.Optimizer], *, fused: bool) -> None:
-    """After loading optimizer state: fused Adams for an AMP run, RLlib's default otherwise."""
+    """After loading optimizer state: fused Adams for an AMP run, RLlib's default otherwise
+    (the implementation left to torch)."""
     for opt in optimizers:
         if fused:
             fuse_adam(opt)
-        else:
-            _unfuse_adam(opt)
+        elif type(opt) is torch.optim.Adam:
+            for g in opt.param_groups:
+                if g.get("fused"):
+                    g["fused"] = None
+            opt.defaults["fused"] = None

@@ -239,15 +239,12 @@ class AmpLearnerMixin(_MixinBase):
             # in place) are checked again before any step.
             replaced = any(self._params[pid].grad is not g for pid, g in gradients_dict.items())
             # Unlike RLlib, no nan_to_num: an overflow must reach the scaler, which skips.
-            self._amp_set_grads(gradients_dict)
+            for pid, grad in gradients_dict.items():
+                self._params[pid].grad = grad
             self._amp_build_lr_schedulers()
             scalers.step(self._amp_optimizers(), replaced=replaced)
         # The weights changed in place: autocast must not reuse low-precision copies of them.
         torch.clear_autocast_cache()
-
-    def _amp_set_grads(self, gradients_dict: ParamDict) -> None:
-        for pid, grad in gradients_dict.items():
-            self._params[pid].grad = grad
 
     def _amp_optimizers(self) -> dict[ModuleID, list[torch.optim.Optimizer]]:
         return {

@@ -41,14 +41,8 @@ _NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "b
 
 @dataclass(frozen=True)
 class Precision:
-    """What a learner trains in, and why.
-
-    Attributes:
-        dtype: torch.float32 (autocast off), torch.bfloat16 or torch.float16.
-        device_type: "cpu" or "cuda" (what torch.autocast takes).
-        use_scaler: True for float16: losses are scaled and overflow steps skipped.
-        reason: One human sentence saying why this was chosen.
-    """
+    """What a learner trains in (float32 means autocast off), on which ``torch.autocast``
+    device type, whether losses are scaled (float16), and one sentence saying why."""
 
     dtype: torch.dtype
     device_type: str
@@ -127,23 +121,18 @@ def cpu_has_native_bf16() -> bool:
         except Exception:  # a probe that cannot answer is as good as gone
             missing = TORCH_BF16_PROBES
     flags = bf16_cpu_flags(read_cpuinfo())
-    _warn_probe_fallback(missing, flags)
-    return bool(flags)
-
-
-def _warn_probe_fallback(missing: tuple[str, ...], flags: tuple[str, ...]) -> None:
     global _probe_fallback_warned
-    if _probe_fallback_warned:
-        return
-    _probe_fallback_warned = True
-    logger.warning(
-        "rllib_amp: torch %s has no working %s; precision 'auto' on CPU decides from "
-        "/proc/cpuinfo instead (native bfloat16 flags: %s). Set amp.dtype to skip the probe.",
-        torch.__version__,
-        " / ".join(f"torch.cpu.{name}" for name in missing),
-        ", ".join(flags) or "none, so float32",
-        extra={"rllib_amp_fallback": "cpu_bf16_probe", "missing": missing},
-    )
+    if not _probe_fallback_warned:
+        _probe_fallback_warned = True
+        logger.warning(
+            "rllib_amp: torch %s has no working %s; precision 'auto' on CPU decides from "
+            "/proc/cpuinfo instead (native bfloat16 flags: %s). Set amp.dtype to skip the probe.",
+            torch.__version__,
+            " / ".join(f"torch.cpu.{name}" for name in missing),
+            ", ".join(flags) or "none, so float32",
+            extra={"rllib_amp_fallback": "cpu_bf16_probe", "missing": missing},
+        )
+    return bool(flags)
 
 
 def resolve(
@@ -167,18 +156,22 @@ def resolve(
     """
     device = torch.device(device)
     kind = device.type
+
+    def chosen(dtype: torch.dtype, reason: str) -> Precision:
+        return Precision(dtype, kind, dtype == torch.float16, reason)  # float16 needs a scaler
+
     if settings.enabled is False:
-        return Precision(torch.float32, kind, False, "AMP disabled by settings (enabled=false)")
+        return chosen(torch.float32, "AMP disabled by settings (enabled=false)")
     if kind not in ("cpu", "cuda"):
         if settings.enabled is True or settings.dtype != "auto":
             raise ValueError(
                 f"amp.enabled: mixed precision is supported on cpu and cuda, not on "
                 f"device {str(device)!r}; set amp.enabled to false or 'auto'"
             )
-        return Precision(torch.float32, kind, False, f"no AMP support for device {kind!r}")
+        return chosen(torch.float32, f"no AMP support for device {kind!r}")
 
     if settings.dtype == "float16":
-        return Precision(torch.float16, kind, True, "dtype float16 requested explicitly")
+        return chosen(torch.float16, "dtype float16 requested explicitly")
     if settings.dtype == "bfloat16":
         if kind == "cuda":
             cap = cuda_capability or torch.cuda.get_device_capability(device)
@@ -187,7 +180,7 @@ def resolve(
                     f"amp.dtype: bfloat16 is not supported on this GPU (compute capability "
                     f"{cap[0]}.{cap[1]}); use dtype 'float16' or 'auto'"
                 )
-        return Precision(torch.bfloat16, kind, False, "dtype bfloat16 requested explicitly")
+        return chosen(torch.bfloat16, "dtype bfloat16 requested explicitly")
 
     # dtype == "auto"
     forced = settings.enabled is True
@@ -195,27 +188,20 @@ def resolve(
         cap = cuda_capability or torch.cuda.get_device_capability(device)
         cap_s = f"CUDA compute capability {cap[0]}.{cap[1]}"
         if cap >= (8, 0):
-            return Precision(torch.bfloat16, kind, False, f"{cap_s} >= 8.0 has bfloat16")
+            return chosen(torch.bfloat16, f"{cap_s} >= 8.0 has bfloat16")
         if cap >= (7, 0):
-            return Precision(torch.float16, kind, True, f"{cap_s} has float16 tensor cores")
+            return chosen(torch.float16, f"{cap_s} has float16 tensor cores")
         if forced:
-            return Precision(
-                torch.float16, kind, True, f"{cap_s} < 7.0 but enabled=true: float16, likely slow"
-            )
-        return Precision(torch.float32, kind, False, f"{cap_s} < 7.0 has no fast 16-bit math")
+            return chosen(torch.float16, f"{cap_s} < 7.0 but enabled=true: float16, likely slow")
+        return chosen(torch.float32, f"{cap_s} < 7.0 has no fast 16-bit math")
     has_bf16 = cpu_has_native_bf16() if cpu_bf16 is None else cpu_bf16
     if has_bf16:
         flags = bf16_cpu_flags(read_cpuinfo()) if cpu_bf16 is None else ()
         shown = f" ({', '.join(flags)})" if flags else ""
-        return Precision(torch.bfloat16, kind, False, f"CPU has native bfloat16{shown}")
+        return chosen(torch.bfloat16, f"CPU has native bfloat16{shown}")
     if forced:
-        return Precision(
-            torch.bfloat16,
-            kind,
-            False,
-            "CPU lacks native bfloat16 but enabled=true: emulated, slow",
-        )
-    return Precision(torch.float32, kind, False, "CPU has no native bfloat16")
+        return chosen(torch.bfloat16, "CPU lacks native bfloat16 but enabled=true: emulated, slow")
+    return chosen(torch.float32, "CPU has no native bfloat16")
 
 
 # Below this many observations per forward pass, CPU inference is faster in float32: the
@@ -293,12 +279,8 @@ def add_float32_islands(module: nn.Module) -> int:
 
 
 def to_float32(tree: T) -> T:
-    """Casts every 16-bit floating tensor in a nested dict/list/tuple back to float32.
-
-    What leaves an autocast region goes through this: loss maths then run in float32, and
-    RLlib's numpy conversion never meets a bfloat16 tensor (numpy has no bfloat16). The
-    result has the structure and types of ``tree``.
-    """
+    """``tree`` (nested dicts, lists, tuples) with every 16-bit floating tensor cast to float32:
+    loss maths run in float32, and numpy (no bfloat16) never meets a bfloat16 tensor."""
     if torch.is_tensor(tree):
         low = tree.dtype in (torch.float16, torch.bfloat16)
         return tree.float() if low else tree  # type: ignore[return-value]

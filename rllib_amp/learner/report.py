@@ -41,11 +41,9 @@ LAST = "amp_last"
 class LastItemStats(ItemStats):
     """RLlib's "item" stat (the latest value) that also merges several results at once.
 
-    ``ItemStats`` refuses to merge more than one result at a time, which the algorithm does
-    with several learners, or with an asynchronous learner group's ready results; the mean
-    RLlib offers instead averages over the iteration's updates. This one keeps the last
-    result's value (the learners' scalers are identical under DDP; an async group's ready
-    results come oldest first).
+    ``ItemStats`` refuses to merge several results at once (several learners, or an async
+    learner group's ready results), and RLlib's "mean" averages over the iteration. This keeps
+    the last result's value (scalers are identical under DDP; ready results come oldest first).
 
     Example:
         >>> a, b, root = (LastItemStats(), LastItemStats(), LastItemStats(is_leaf=False))
@@ -87,9 +85,8 @@ def report_update(
 ) -> None:
     """Logs each module's AMP metrics for the update that just ended; warns when due.
 
-    ``metrics`` is the learner's MetricsLogger; ``trial`` tags the Ray metrics;
-    ``merged_results``: the algorithm merges several learner results into one iteration
-    (several learners, or an asynchronous learner).
+    ``trial`` tags the Ray metrics; ``merged_results``: the algorithm merges several learner
+    results into one iteration (several learners, or an asynchronous learner).
     """
     # The scale after the iteration's last update, in every algorithm: RLlib's "item" where
     # no results are merged, else ours, which also merges several (``LastItemStats``).
@@ -176,18 +173,14 @@ def skip_advice(cause: str, settings: AmpSettings | None = None) -> str:
         )
     if cause == "overflow":
         s = settings
-        now = (
-            (
+        now = "init_scale or growth_factor, or raise growth_interval"
+        if s is not None:
+            now = (
                 f"init_scale (now {s.init_scale:g}) or growth_factor (now {s.growth_factor:g}), "
                 f"or raise growth_interval (now {s.growth_interval})"
             )
-            if s is not None
-            else "init_scale or growth_factor, or raise growth_interval"
-        )
-        return (
-            f"lower {now}; if the scale keeps falling, lower the learning rate or use dtype "
-            f"bfloat16"
-        )
+        falling = "if the scale keeps falling, lower the learning rate or use dtype bfloat16"
+        return f"lower {now}; {falling}"
     return "bfloat16 needs no scaling: lower the learning rate or set grad_clip"
 
 

@@ -29,7 +29,8 @@ from rllib_amp.learner.precision import Precision, to_float32
 
 
 @contextlib.contextmanager
-def _float32_value_outputs(modules: Iterable[Any]) -> Iterator[None]:
+def value_pass(precision: Precision, modules: Iterable[Any]) -> Iterator[None]:
+    """No grad, autocast, and float32 ``compute_values`` outputs for ``modules``."""
     patched = []
     for module in modules:
         original = getattr(module, "compute_values", None)
@@ -44,14 +45,8 @@ def _float32_value_outputs(modules: Iterable[Any]) -> Iterator[None]:
         module.compute_values = compute_values  # instance attribute shadows the method
         patched.append(module)
     try:
-        yield
+        with torch.no_grad(), precision.autocast():
+            yield
     finally:
         for module in patched:
             del module.compute_values
-
-
-@contextlib.contextmanager
-def value_pass(precision: Precision, modules: Iterable[Any]) -> Iterator[None]:
-    """No grad, autocast, and float32 ``compute_values`` outputs for ``modules``."""
-    with torch.no_grad(), precision.autocast(), _float32_value_outputs(modules):
-        yield
