@@ -37,14 +37,12 @@ import importlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rllib_amp.checks import suggest
 
 if TYPE_CHECKING:
-    from ray.rllib.algorithms.algorithm import Algorithm as RLlibAlgorithm
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-    from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 T = TypeVar("T")
 
@@ -59,20 +57,6 @@ class ResultKeys:
     learner: tuple[str, ...] = ()
 
 
-class _Classes(NamedTuple):
-    """The part of a row that needs RLlib."""
-
-    config_class: type[AlgorithmConfig]
-    learner: type[TorchLearner]
-    amp_learner: type[TorchLearner]
-    module: type
-    uint8_module: type
-    batchnorm_module: type
-    algorithm_class: type[RLlibAlgorithm]
-    amp_algorithm: type[RLlibAlgorithm]
-    results: ResultKeys
-
-
 class _FromRLlib(Generic[T]):
     """A row's class (or RLlib-named value), looked up in ``_rllib_classes`` on first use."""
 
@@ -82,7 +66,7 @@ class _FromRLlib(Generic[T]):
     def __get__(self, row: Algorithm | None, owner: type | None = None) -> T:
         if row is None:  # looked up on the class (documentation tools)
             return self  # type: ignore[return-value]
-        return getattr(_rllib_classes()[row.name], self.name)  # type: ignore[no-any-return]
+        return _rllib_classes()[row.name][self.name]  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -101,14 +85,14 @@ class Algorithm:
     scopes: tuple[str, ...] = ()
     learner_keys: tuple[str, ...] = ()
 
-    config_class = _FromRLlib["type[AlgorithmConfig]"]()
-    learner = _FromRLlib["type[TorchLearner]"]()
-    amp_learner = _FromRLlib["type[TorchLearner]"]()
+    config_class = _FromRLlib[type]()
+    learner = _FromRLlib[type]()
+    amp_learner = _FromRLlib[type]()
     module = _FromRLlib[type]()
     uint8_module = _FromRLlib[type]()
     batchnorm_module = _FromRLlib[type]()
-    algorithm_class = _FromRLlib["type[RLlibAlgorithm]"]()
-    amp_algorithm = _FromRLlib["type[RLlibAlgorithm]"]()
+    algorithm_class = _FromRLlib[type]()
+    amp_algorithm = _FromRLlib[type]()
     results = _FromRLlib[ResultKeys]()
 
 
@@ -156,19 +140,19 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 # The AMP learners, algorithms and RLModules have module-level names so that Ray and RLlib's
 # checkpoints pickle them by reference; pickle finds them through ``__getattr__``.
-_AMP_NAMES = (
-    "Amp{}TorchLearner",
-    "Amp{}",
-    "Uint8Default{}TorchRLModule",
-    "BatchNormDefault{}TorchRLModule",
-)
-_RLLIB_NAMES = tuple(n.format(a) for a in ALGORITHMS for n in _AMP_NAMES)
+_AMP_NAMES = {
+    "amp_learner": "Amp{}TorchLearner",
+    "amp_algorithm": "Amp{}",
+    "uint8_module": "Uint8Default{}TorchRLModule",
+    "batchnorm_module": "BatchNormDefault{}TorchRLModule",
+}
+_RLLIB_NAMES = tuple(n.format(a) for a in ALGORITHMS for n in _AMP_NAMES.values())
 
 _LOCK = threading.Lock()
-_CLASSES: dict[str, _Classes] = {}
+_CLASSES: dict[str, dict[str, Any]] = {}
 
 
-def _rllib_classes() -> dict[str, _Classes]:
+def _rllib_classes() -> dict[str, dict[str, Any]]:
     """Each row's RLlib classes, made once: two threads must not make two AmpPPO classes,
     or a checkpoint would name one and Ray's workers hold the other."""
     if _CLASSES:
@@ -185,7 +169,8 @@ def _rllib_value(reference: str) -> Any:
     return getattr(importlib.import_module(f"ray.rllib.{module}"), name)
 
 
-def _define_rllib_classes(row: Algorithm) -> _Classes:
+def _define_rllib_classes(row: Algorithm) -> dict[str, Any]:
+    """A row's classes by field name; the AMP ones are made here, named in this module."""
     from rllib_amp.checkpoints.algorithm import AmpAlgorithmMixin
     from rllib_amp.envs.models import with_batchnorm, with_uint8_images
     from rllib_amp.learner.mixin import AmpLearnerMixin
@@ -197,38 +182,37 @@ def _define_rllib_classes(row: Algorithm) -> _Classes:
         f"{rllib}.torch.default_{package}_torch_rl_module.Default{x}TorchRLModule"
     )
     algorithm_class = _rllib_value(f"{rllib}.{x}")
-    amp_learner, amp_algorithm, uint8_name, batchnorm_name = (n.format(x) for n in _AMP_NAMES)
-    uint8 = with_uint8_images(module)
+    names = {field: name.format(x) for field, name in _AMP_NAMES.items()}
     learner_doc = f"{x}'s torch learner with autocast and a checkpointed GradScaler per policy."
     algorithm_doc = f"RLlib's {x} with verified restores and checksummed checkpoints."
+    uint8 = with_uint8_images(module)
     made: dict[str, Any] = {
-        amp_learner: type(amp_learner, (AmpLearnerMixin, learner), {"__doc__": learner_doc}),
-        amp_algorithm: type(
-            amp_algorithm, (AmpAlgorithmMixin, algorithm_class), {"__doc__": algorithm_doc}
+        "amp_learner": type(
+            names["amp_learner"], (AmpLearnerMixin, learner), {"__doc__": learner_doc}
         ),
-        uint8_name: uint8,
+        "amp_algorithm": type(
+            names["amp_algorithm"], (AmpAlgorithmMixin, algorithm_class), {"__doc__": algorithm_doc}
+        ),
+        "uint8_module": uint8,
         # BatchNorm modules take uint8 and float observations alike; their names predate
         # uint8 input and are kept, so existing checkpoints still find them.
-        batchnorm_name: with_batchnorm(uint8, name=batchnorm_name),
+        "batchnorm_module": with_batchnorm(uint8, name=names["batchnorm_module"]),
     }
     for cls in made.values():
         cls.__module__ = __name__
-    globals().update(made)  # later lookups skip __getattr__
-    return _Classes(
-        config_class=_rllib_value(f"{rllib}.{x}Config"),
-        learner=learner,
-        amp_learner=made[amp_learner],
-        module=module,
-        uint8_module=uint8,
-        batchnorm_module=made[batchnorm_name],
-        algorithm_class=algorithm_class,
-        amp_algorithm=made[amp_algorithm],
-        results=ResultKeys(
+    globals().update({names[field]: cls for field, cls in made.items()})  # skip __getattr__
+    return {
+        **made,
+        "config_class": _rllib_value(f"{rllib}.{x}Config"),
+        "learner": learner,
+        "module": module,
+        "algorithm_class": algorithm_class,
+        "results": ResultKeys(
             top=tuple(_rllib_value(k) for k in row.top_keys),
             scopes=row.scopes,
             learner=tuple(_rllib_value(k) for k in row.learner_keys),
         ),
-    )
+    }
 
 
 def __getattr__(name: str) -> Any:
