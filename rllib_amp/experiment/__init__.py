@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rllib_amp.experiment.data import CheckpointSection, ExperimentData
-from rllib_amp.experiment.dotted import TOP_KEYS, override_parts, replaced_searches, with_override
+from rllib_amp.experiment.dotted import replaced_searches
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
-from rllib_amp.experiment.schema import validate
+from rllib_amp.experiment.schema import TOP_KEYS, override_parts, validate, with_override
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig

@@ -34,27 +34,13 @@ if TYPE_CHECKING:
     from rllib_amp.experiment.data import ExperimentData
 
 
-def param_space(search: Mapping[str, Sampler]) -> dict[str, object]:
-    """The Tune search space: dotted key -> Tune Domain (or ``grid_search`` dict).
-
-    Example:
-        >>> param_space({"seed": Sampler.parse({"grid": [0, 1]})})
-        {'seed': {'grid_search': [0, 1]}}
-    """
-    return {key: sampler.to_tune() for key, sampler in search.items()}
-
-
 def mutation_space(data: ExperimentData) -> dict[str, object]:
     """PBT's mutations by dotted key: a list (PBT moves to a neighbouring value) or a Tune
     Domain (PBT multiplies by 0.8 or 1.2, or redraws); empty without ``tune.scheduler: pbt``.
 
     Example:
-        >>> from rllib_amp.experiment.schema import validate
-        >>> data = validate({"algorithm": "PPO", "env": "CartPole-v1", "stop": {"time_total_s": 9},
-        ...     "tune": {"scheduler": "pbt", "pbt": {"perturbation_interval": 2,
-        ...              "hyperparam_mutations": {"amp.growth_interval": [10, 100]}}}})
-        >>> mutation_space(data)
-        {'amp.growth_interval': [10, 100]}
+        >>> mutation_space({"tune": {"pbt": {"hyperparam_mutations": {"k": {"choice": [1, 2]}}}}})
+        {'k': [1, 2]}
     """
     return {
         key: list(s.values) if s.kind == "choice" else s.to_tune()
@@ -83,10 +69,9 @@ class SeedOfSample:
     ``base + k`` (modulo 2**32, the seed range numpy and torch take).
 
     Tune repeats the whole grid once per sample (``num_samples``), calling this once per trial
-    in that order, so call n belongs to sample ``n // settings``. Settings share the seeds of a
-    sample: setting A's k-th run and setting B's k-th run start from the same seed, and a rerun
-    with the same base seed gives every trial its seed again. Tune deep-copies the search space
-    once per sample; the copies must share the count, or every sample would be sample 0.
+    in that order, so call n belongs to sample ``n // settings``: setting A's k-th run and
+    setting B's k-th run start from the same seed, again in a rerun. Tune deep-copies the
+    search space once per sample; the copies must share the count.
 
     Example:
         >>> seed = SeedOfSample(base=7, settings=2)
@@ -102,23 +87,13 @@ class SeedOfSample:
     def __call__(self, spec: object) -> int:
         k = self.calls // self.settings
         self.calls += 1
-        return sample_seed(self.base, k)
+        return (self.base + k) % (SEED_MAX + 1)
 
     def __deepcopy__(self, memo: dict[int, object]) -> SeedOfSample:
         return self
 
     def __repr__(self) -> str:
         return f"SeedOfSample(base={self.base}, settings={self.settings})"
-
-
-def sample_seed(base: int, k: int) -> int:
-    """The seed of sample ``k`` for base seed ``base`` (what ``SeedOfSample`` hands out).
-
-    Example:
-        >>> sample_seed(2**32 - 1, 1)
-        0
-    """
-    return (base + k) % (SEED_MAX + 1)
 
 
 def initial_space(data: ExperimentData) -> dict[str, object]:
@@ -132,7 +107,7 @@ def initial_space(data: ExperimentData) -> dict[str, object]:
         >>> initial_space({"search": {}, "tune": {"pbt": None}, "seed": 3})["seed"].func
         SeedOfSample(base=3, settings=1)
     """
-    space = param_space(data["search"])
+    space = {key: sampler.to_tune() for key, sampler in data["search"].items()}
     for key, sampler in _mutations(data).items():
         space.setdefault(key, sampler.to_tune())
     seed = data.get("seed")
@@ -147,7 +122,7 @@ def algorithm_config(
 ) -> AlgorithmConfig:
     """The AlgorithmConfig for validated experiment ``data`` (``schema.validate``'s result).
 
-    ``searched`` (dotted key -> Tune Domain, from ``param_space``) puts samplers at their keys,
+    ``searched`` (dotted key -> Tune Domain, from ``initial_space``) puts samplers at their keys,
     so that the config can serve as a Tune ``param_space``; Tune replaces them with values
     before a trial builds its algorithm.
     """

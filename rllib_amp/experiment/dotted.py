@@ -1,11 +1,11 @@
 """Dotted keys: one key of an experiment written flat, e.g. ``training.lr``, ``amp.init_scale``.
 
 Command-line overrides (``--set``), search entries and PBT mutations name keys this way.
-``with_dotted`` sets one, ``with_override`` applies a ``--set`` override, and
-``is_integer_key`` says whether a key takes integers only.
+``with_dotted`` sets one, ``replaced_searches`` drops the search entries a ``--set`` fixes,
+and ``is_integer_key`` says whether a key takes integers only.
 
 Example:
-    >>> with_override({"seed": 0}, "training.lr", 1e-4, "exp.yaml")
+    >>> with_dotted({"seed": 0}, ["training", "lr"], 1e-4, "training.lr", "exp.yaml")
     {'seed': 0, 'training': {'lr': 0.0001}}
 """
 
@@ -17,40 +17,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rllib_amp.algorithms import algorithm
-from rllib_amp.checks import suggest
-from rllib_amp.experiment.errors import ExperimentError, err
+from rllib_amp.experiment.errors import err
 from rllib_amp.experiment.rllib_keys import RESOURCES, TRAINING_NUMBERS, training_types
 from rllib_amp.settings import AmpSettings
 
 if TYPE_CHECKING:
     from rllib_amp.experiment.data import ExperimentData
 
-# The top-level sections of an experiment, in the order ``schema.validate`` checks them (its
-# SECTIONS table has one validator for each).
-TOP_KEYS: tuple[str, ...] = (
-    "algorithm",
-    "env",
-    "env_config",
-    "model",
-    "amp",
-    "training",
-    "resources",
-    "tune",
-    "stop",
-    "checkpoint",
-    "seed",
-    "storage_path",
-    "search",
-)
-
 
 def is_integer_key(exp: ExperimentData, dotted: str) -> bool:
-    """True when the experiment key ``dotted`` (e.g. ``training.num_epochs``) takes integers only.
-
-    Example:
-        >>> is_integer_key({"algorithm": "PPO"}, "training.minibatch_size")
-        True
-    """
+    """True when the key ``dotted`` (e.g. ``training.num_epochs``) takes integers only."""
     top, _, rest = dotted.partition(".")
     if top == "seed":
         return True
@@ -70,12 +46,7 @@ def is_integer_key(exp: ExperimentData, dotted: str) -> bool:
 def with_dotted(
     data: Mapping[str, object], parts: Sequence[str], value: object, key: str, path: str
 ) -> dict[str, object]:
-    """A copy of ``data`` with ``data[p0][p1]...`` set to ``value``; copies only that path.
-
-    Example:
-        >>> with_dotted({"amp": {"dtype": "float16"}}, ["amp", "init_scale"], 8.0, "k", "<p>")
-        {'amp': {'dtype': 'float16', 'init_scale': 8.0}}
-    """
+    """A copy of ``data`` with ``data[p0][p1]...`` set to ``value``; copies only that path."""
     out = dict(data)
     head, *rest = parts
     if not rest:
@@ -90,47 +61,9 @@ def with_dotted(
     return out
 
 
-def override_parts(key: str, path: str) -> list[str]:
-    """The path a ``--set`` key names; ExperimentError for a key outside the experiment.
-
-    Example:
-        >>> override_parts("search.training.lr", "<p>")
-        ['search', 'training.lr']
-    """
-    parts = str(key).split(".")
-    top = parts[0]
-    if top not in TOP_KEYS or not all(parts):
-        raise ExperimentError(
-            f"{path}: {key}: unknown key '{top}'{suggest(top, TOP_KEYS)}; dotted keys start "
-            f"with one of: {', '.join(TOP_KEYS)}"
-        )
-    if top == "search" and len(parts) > 1:
-        # Search entries are themselves dotted keys: everything after "search." is one key.
-        parts = [top, ".".join(parts[1:])]
-    return parts
-
-
-def with_override(
-    data: Mapping[str, object], key: str, value: object, path: str
-) -> dict[str, object]:
-    """``data`` with a ``--set`` style override; ``search.<dotted key>`` sets one search entry.
-
-    The caller validates the result.
-
-    Example:
-        >>> with_override({"seed": 0}, "search.amp.init_scale", {"grid": [1, 2]}, "<p>")
-        {'seed': 0, 'search': {'amp.init_scale': {'grid': [1, 2]}}}
-    """
-    parts = override_parts(key, path)
-    top = parts[0]
-    if top == "model" and isinstance(data.get("model"), str):
-        data = {**data, "model": {"preset": data["model"]}}
-    return with_dotted(data, parts, value, key, path)
-
-
 def _covered(key: str, value: object) -> set[str]:
-    """The dotted keys a ``--set key=value`` gives a value: ``key``, and every key inside a
-    mapping value (``--set amp={init_scale: 1024}`` sets ``amp.init_scale``)."""
+    """``key`` and every key inside a mapping value (``--set amp={init_scale: 1}`` sets
+    ``amp.init_scale``)."""
     out = {key}
     if isinstance(value, Mapping):
         for k, v in value.items():
@@ -151,16 +84,8 @@ def replaced_searches(
     data: Mapping[str, object], key: str, value: object
 ) -> tuple[dict[str, object], list[str]]:
     """``data`` without the search entries that ``--set key=value`` gives a fixed value, and
-    one line per entry dropped: a fixed value the user asked for must not lose to a search.
-
-    Example:
-        >>> data = {"search": {"amp.init_scale": {"grid": [1024.0, 65536.0]}}}
-        >>> data, lines = replaced_searches(data, "amp.init_scale", 4096.0)
-        >>> data
-        {'search': {}}
-        >>> print(lines[0])
-        --set amp.init_scale=4096.0 replaces the search over amp.init_scale (2 values)
-    """
+    one line per entry dropped: a fixed value the user asked for must not lose to a search
+    (tests/unit/experiment/test_dotted.py shows the lines)."""
     search = data.get("search")
     if key.split(".", 1)[0] == "search" or not isinstance(search, Mapping):
         return dict(data), []

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
-from rllib_amp.experiment.dotted import TOP_KEYS, is_integer_key, with_dotted
+from rllib_amp.experiment.dotted import is_integer_key, with_dotted
 from rllib_amp.experiment.errors import (
     ExperimentError,
     check_keys,
@@ -297,6 +297,45 @@ SECTIONS: dict[str, Callable[[object, ExperimentData, str], object]] = {
     "storage_path": _storage_path,
     "search": _search,
 }
+# The top-level sections, in the order they are checked.
+TOP_KEYS: tuple[str, ...] = tuple(SECTIONS)
+
+
+def override_parts(key: str, path: str) -> list[str]:
+    """The path a ``--set`` key names; ExperimentError for a key outside the experiment.
+
+    Example:
+        >>> override_parts("search.training.lr", "<p>")
+        ['search', 'training.lr']
+    """
+    parts = str(key).split(".")
+    top = parts[0]
+    if top not in TOP_KEYS or not all(parts):
+        raise ExperimentError(
+            f"{path}: {key}: unknown key '{top}'{suggest(top, TOP_KEYS)}; dotted keys start "
+            f"with one of: {', '.join(TOP_KEYS)}"
+        )
+    if top == "search" and len(parts) > 1:
+        # Search entries are themselves dotted keys: everything after "search." is one key.
+        parts = [top, ".".join(parts[1:])]
+    return parts
+
+
+def with_override(
+    data: Mapping[str, object], key: str, value: object, path: str
+) -> dict[str, object]:
+    """``data`` (not validated) with a ``--set`` override; ``search.<dotted key>`` sets one
+    search entry.
+
+    Example:
+        >>> with_override({"seed": 0}, "search.amp.init_scale", {"grid": [1, 2]}, "<p>")
+        {'seed': 0, 'search': {'amp.init_scale': {'grid': [1, 2]}}}
+    """
+    parts = override_parts(key, path)
+    top = parts[0]
+    if top == "model" and isinstance(data.get("model"), str):
+        data = {**data, "model": {"preset": data["model"]}}
+    return with_dotted(data, parts, value, key, path)
 
 
 def _batch_bounds(exp: ExperimentData, key: str, default: int | None) -> tuple[object, object]:
