@@ -25,24 +25,23 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_value(v: object) -> str:
-    """A table cell or a number in a sentence: whole numbers with thousands separators.
+def format_value(v: object, *, as_typed: bool = False) -> str:
+    """A table cell or a number in a sentence: whole numbers with thousands separators;
+    ``as_typed``: a (searched) value as a user would type it, whole floats without ``.0``.
 
     Example:
         >>> [format_value(v) for v in (None, float("nan"), 19500.0, 1234.56, 0.06931, 28, "x")]
         ['-', 'nan', '19,500', '1,234.6', '0.06931', '28', 'x']
+        >>> [format_value(v, as_typed=True) for v in (65536.0, 65536, 0.0003, 1234.56)]
+        ['65536', '65536', '0.0003', '1234.56']
     """
     if v is None:
         return "-"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if v.is_integer() and abs(v) < 1e15:
-            return f"{v:,.0f}"
-        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return str(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return str(int(v)) if as_typed else f"{v:,.0f}"
+    if as_typed or not is_number(v):
+        return str(v)
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
 
 
 def compact(v: object) -> str:

@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rllib_amp import fs as files
 from rllib_amp.sweep.summary import STEPS_KEY, Row, finite, target, target_columns, write_parquet
-from rllib_amp.text_table import compact, table
+from rllib_amp.text_table import compact, format_value, table
 
 if TYPE_CHECKING:
     from rllib_amp.experiment import Experiment
 
 FILE = "groups.parquet"
-CONFIDENCE = 0.95
 SINGLE_RUN = (
     "one seed per setting: every number rests on a single run, with no interval; "
     "raise tune.num_samples (or --num-samples) to 3 or more"
@@ -60,16 +60,17 @@ class Interval:
         """(lo, hi); a single value's point; None without values."""
         if self.mean is None:
             return None
-        if self.lo is None or self.hi is None:
-            return (self.mean, self.mean)
-        return (self.lo, self.hi)
+        return (self.mean, self.mean) if self.lo is None or self.hi is None else (self.lo, self.hi)
 
     def overlaps(self, other: Interval) -> bool:
         a, b = self.bounds(), other.bounds()
         return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
+    def columns(self, prefix: str) -> dict[str, float | None]:
+        return {f"{prefix}_mean": self.mean, f"{prefix}_ci_lo": self.lo, f"{prefix}_ci_hi": self.hi}
 
-def interval(values: Sequence[object], confidence: float = CONFIDENCE) -> Interval:
+
+def interval(values: Sequence[object], confidence: float = 0.95) -> Interval:
     """The mean of ``values`` and its Student-t interval (non-finite values left out)."""
     xs = [x for x in map(finite, values) if x is not None]
     if len(xs) < 2:
@@ -115,31 +116,30 @@ class Group:
 
     def label(self) -> str:
         """``init_scale=1024, growth_interval=10``: the setting in words."""
-        return ", ".join(f"{_leaf(k)}={_plain(v)}" for k, v in self.values.items()) or "all"
+        return ", ".join(f"{_leaf(k)}={_typed(v)}" for k, v in self.values.items()) or "all"
 
     def as_row(self, metric_name: str) -> dict[str, object]:
         """The group as one row of ``groups.parquet``."""
-        row = {
+        steps: dict[str, object] = {}
+        if self.steps is not None:
+            steps = {
+                **self.steps.columns("env_steps_to_target"),
+                "seeds_reached_target": self.reached,
+            }
+        return {
             **self.values,
             "rank": self.rank,
             "tied": self.tied,
             "n_seeds": len(self.trials),
             "seeds": [s for s in self.seeds if s is not None],
             "trial_ids": [t.get("trial_id") for t in self.trials],
-            f"{metric_name}_mean": self.metric.mean,
-            f"{metric_name}_ci_lo": self.metric.lo,
-            f"{metric_name}_ci_hi": self.metric.hi,
+            **self.metric.columns(metric_name),
+            **steps,
+            "skip_fraction": self.skip_fraction,
+            "skipped_steps_mean": self.skipped_steps,
+            "settled_scale": self.settled_scale,
+            "scale_swing_log2": self.scale_swing,
         }
-        if self.steps is not None:
-            row["env_steps_to_target_mean"] = self.steps.mean
-            row["env_steps_to_target_ci_lo"] = self.steps.lo
-            row["env_steps_to_target_ci_hi"] = self.steps.hi
-            row["seeds_reached_target"] = self.reached
-        row["skip_fraction"] = self.skip_fraction
-        row["skipped_steps_mean"] = self.skipped_steps
-        row["settled_scale"] = self.settled_scale
-        row["scale_swing_log2"] = self.scale_swing
-        return row
 
 
 def _key(v: object) -> object:
@@ -151,16 +151,14 @@ def _steps_to_target(
 ) -> tuple[Interval, int]:
     """The env steps to the target over ``trials``, a seed that never got there counted as
     the steps it was allowed; and how many got there."""
-    counted = []
-    reached = 0
-    for t in trials:
-        hit = finite(t.get(steps_key))
-        if hit is not None:
-            reached += 1
-            counted.append(hit)
-        elif allowed := [v for v in (budget, finite(t.get("env_steps"))) if v is not None]:
-            counted.append(max(allowed))
-    return interval(counted), reached
+    hits = [finite(t.get(steps_key)) for t in trials]
+    counted = [
+        max((v for v in (budget, finite(t.get("env_steps"))) if v is not None), default=None)
+        if hit is None
+        else hit
+        for hit, t in zip(hits, trials)
+    ]
+    return interval(counted), sum(hit is not None for hit in hits)
 
 
 def group(
@@ -224,9 +222,7 @@ def rank(groups: list[Group]) -> list[Group]:
 
     def order(g: Group) -> tuple[bool, float]:
         m = g.ranked.mean
-        if m is None:
-            return (True, 0.0)
-        return (False, m if g.lower_is_better else -m)
+        return (True, 0.0) if m is None else (False, m if g.lower_is_better else -m)
 
     groups.sort(key=order)
     for i, g in enumerate(groups, 1):
@@ -250,51 +246,47 @@ def finding(groups: Sequence[Group]) -> str:
     ranked = [g for g in groups if g.ranked.bounds() is not None]
     if not ranked:
         return "Nothing to compare: no setting reported the metric."
-    unit = "" if ranked[0].steps is None else " steps"
+    best = ranked[0]
+    unit = "" if best.steps is None else " steps"
+    best_text = interval_text(best.ranked) + unit
     if single_seed(ranked):  # one value per setting: no key can be said to decide anything
         return (
             f"nothing can be told apart ({SINGLE_RUN}); the highest single run: "
-            f"{ranked[0].label()}: {interval_text(ranked[0].ranked)}{unit}."
+            f"{best.label()}: {best_text}."
         )
-    keys = list(ranked[0].values) if all(g.ranked.n >= 2 for g in ranked) else []
+    keys = list(best.values) if all(g.ranked.n >= 2 for g in ranked) else []
     deciding: list[str] = []
     rest: list[str] = []
     for key in keys:
-        envelopes: dict[object, tuple[float, float]] = {}
+        envelopes: dict[object, list[float]] = {}
         for g in ranked:
             lo, hi = g.ranked.bounds() or (0.0, 0.0)
-            v = _key(g.values[key])
-            old = envelopes.get(v, (lo, hi))
-            envelopes[v] = (min(old[0], lo), max(old[1], hi))
+            env = envelopes.setdefault(_key(g.values[key]), [lo, hi])
+            env[:] = [min(env[0], lo), max(env[1], hi)]
         spans = sorted(envelopes.items(), key=lambda kv: kv[1][0])
         if len(spans) > 1 and all(a[1][1] < b[1][0] for a, b in zip(spans, spans[1:])):
-            parts = " vs ".join(f"{_plain(v)}: {_span(lo, hi)}{unit}" for v, (lo, hi) in spans)
+            parts = " vs ".join(f"{_typed(v)}: {_span(lo, hi)}{unit}" for v, (lo, hi) in spans)
             deciding.append(f"{_leaf(key)} decides ({parts})")
         else:
             rest.append(_leaf(key))
-    tied = [g for g in ranked if g.tied]
     if deciding:
-        line = "; ".join(deciding)
-        if rest:
-            line += f"; {', '.join(rest)} {'does' if len(rest) == 1 else 'do'} not separate"
-            line += " the groups"
-    elif len(tied) == len(ranked):
-        line = (
-            f"nothing separates the groups: all {len(ranked)} intervals overlap the best's "
-            f"({interval_text(ranked[0].ranked)}{unit})"
+        verb = "does" if len(rest) == 1 else "do"
+        return "; ".join(deciding) + (
+            f"; {', '.join(rest)} {verb} not separate the groups." if rest else ""
         )
-    else:
-        line = (
-            f"no single searched key separates the groups; {len(tied)} of {len(ranked)} are "
-            f"tied with the best ({ranked[0].label()}: {interval_text(ranked[0].ranked)}{unit})"
+    tied = sum(g.tied for g in ranked)
+    if tied == len(ranked):
+        return (
+            f"nothing separates the groups: all {tied} intervals overlap the best's ({best_text})"
         )
-    return line if line.endswith(")") else line + "."
+    return (
+        f"no single searched key separates the groups; {tied} of {len(ranked)} are "
+        f"tied with the best ({best.label()}: {best_text})"
+    )
 
 
 def _span(lo: float, hi: float) -> str:
-    if lo == hi:
-        return compact(lo)
-    return f"{compact(lo)} to {compact(hi)}" if lo < 0 else f"{compact(lo)}-{compact(hi)}"
+    return compact(lo) if lo == hi else f"{compact(lo)}{' to ' if lo < 0 else '-'}{compact(hi)}"
 
 
 def interval_text(i: Interval) -> str:
@@ -310,13 +302,8 @@ def _leaf(key: str) -> str:
     return key.split(".")[-1]
 
 
-def _plain(v: object) -> str:
-    """A searched value as a user would type it: 65536, 0.0003, 500."""
-    if v is None:
-        return "-"
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return str(v)
+def _typed(v: object) -> str:
+    return format_value(v, as_typed=True)
 
 
 def format_table(groups: Sequence[Group], metric: str) -> str:
@@ -330,13 +317,13 @@ def format_table(groups: Sequence[Group], metric: str) -> str:
         header += ["steps to target [95% CI]", "reached"]
     rows = [header + ["skip frac", "skipped", "settled scale", "tie"]]
     for g in groups:
-        cells = [str(g.rank), *(_plain(g.values[k]) for k in keys), str(len(g.trials))]
+        cells = [str(g.rank), *(_typed(g.values[k]) for k in keys), str(len(g.trials))]
         cells.append(interval_text(g.metric))
         if with_steps and g.steps is not None:
             cells += [interval_text(g.steps), f"{g.reached}/{len(g.trials)}"]
         mark = "best" if g.rank == 1 else ("tied" if g.tied else "")
         rows.append(
-            [*cells, g.skip_percent, compact(g.skipped_steps), _plain(g.settled_scale), mark]
+            [*cells, g.skip_percent, compact(g.skipped_steps), _typed(g.settled_scale), mark]
         )
     return table(rows)
 
@@ -359,8 +346,6 @@ def report(exp: Experiment, rows: Sequence[Row], exp_dir: str) -> list[Group]:
     """Prints the per-setting summary and what the sweep found, writes ``groups.parquet``
     into ``exp_dir`` (a path or URI) and prints where; returns the groups (``figure.report``
     draws them). ``rows``: ``summary.summarize``'s per-trial rows."""
-    from rllib_amp import fs as files
-
     groups = of_experiment(exp, rows)
     metric = exp.tune["metric"]
     by = "env steps to the target" if groups and groups[0].steps is not None else metric
