@@ -65,14 +65,9 @@ def config_path(dotted: str, config: Mapping[str, object]) -> tuple[str, ...]:
     """
     top, _, rest = dotted.partition(".")
     parts = rest.split(".") if rest else []
-    if top == "amp":
-        return ("learner_config_dict", AMP_CONFIG_KEY, *parts)
-    if top == "env_config":
-        return ("env_config", *parts)
-    if top == "model":
-        return ("_model_config", *parts)
-    if top == "seed":
-        return ("seed",)
+    fixed = {"amp": ("learner_config_dict", AMP_CONFIG_KEY), "model": ("_model_config",)}
+    if top in fixed or top == "env_config":
+        return (*fixed.get(top, (top,)), *parts)
     head = parts[0] if parts else top
     for candidate in (head, f"_{head}", head.rstrip("_")):
         if candidate in config:
@@ -80,12 +75,14 @@ def config_path(dotted: str, config: Mapping[str, object]) -> tuple[str, ...]:
     return (head, *parts[1:])
 
 
-def lookup(d: Mapping[str, object] | None, path: Sequence[str]) -> object:
-    """``d[path[0]][path[1]]...`` as a plain Python value, or None where a key is missing."""
+def lookup(d: Mapping[str, object] | None, path: str | Sequence[str]) -> object:
+    """``d[path[0]][path[1]]...`` as a plain Python value, or None where a key is missing;
+    ``path`` may be a metric key, its parts joined by "/"."""
     from ray.tune.utils import unflattened_lookup
 
+    key = path if isinstance(path, str) else "/".join(path)
     try:
-        return plain(unflattened_lookup("/".join(path), d or {}, default=None))
+        return plain(unflattened_lookup(key, d or {}, default=None))
     except (TypeError, ValueError, IndexError):  # a leaf met before the path ended
         return None
 
@@ -101,11 +98,6 @@ def finite(v: object) -> float | None:
     return float(v) if is_number(v) and math.isfinite(v) else None
 
 
-def _metric(result: Row, key: str) -> object:
-    return lookup(result, key.split("/"))
-
-
-# -- the stop's target ---------------------------------------------------------------------
 def target(exp: Experiment) -> float | None:
     """The Tune metric's threshold in ``stop`` (mode max: the trial stops on reaching it), or
     None when the stop has none."""
@@ -118,7 +110,6 @@ def target_columns(threshold: float) -> tuple[str, str]:
     return f"env_steps_to_{threshold:g}", f"time_s_to_{threshold:g}"
 
 
-# -- a trial's history ---------------------------------------------------------------------
 def history(result: Result) -> pd.DataFrame | None:
     """The trial's result history (nested keys joined by "/") along the line of training that
     led to its final result (``lineage``); None when Tune kept none."""
@@ -192,15 +183,12 @@ def first_reached(
 ) -> tuple[object, object]:
     """(env steps, seconds) of the first result of a history with ``metric >= threshold``;
     (None, None) when it never got there (or kept no history)."""
-    if frame is None or metric not in frame.columns:
-        return None, None
-    hit = frame[frame[metric] >= threshold]
-    if hit.empty:
+    hit = frame[frame[metric] >= threshold] if frame is not None and metric in frame else None
+    if hit is None or hit.empty:
         return None, None
     return plain(hit.iloc[0].get(STEPS_KEY)), plain(hit.iloc[0].get("time_total_s"))
 
 
-# -- the rows ------------------------------------------------------------------------------
 def summarize(
     exp: Experiment, grid: Iterable[Result], storage: str | None = None
 ) -> list[dict[str, object]]:
@@ -215,7 +203,7 @@ def summarize(
         cfg = result.config or {}
         final = result.metrics or {}
         frame = history(result)
-        steps, total = _metric(final, STEPS_KEY), finite(_metric(final, "time_total_s"))
+        steps, total = lookup(final, STEPS_KEY), finite(lookup(final, "time_total_s"))
         seed = cfg.get("seed")
         error_file = f"{result.path.rstrip('/')}/error.txt" if result.path else None
         row: dict[str, object] = {
@@ -227,9 +215,9 @@ def summarize(
             "status": "ERROR" if result.error else ("DONE" if final.get("done") else "UNFINISHED"),
             "training_iteration": final.get("training_iteration"),
             "env_steps": steps,
-            metric: _metric(final, metric),
-            **{k: _metric(final, amp_metric_key(name)) for k, name in AMP_COLUMNS.items()},
-            "settled_scale": settled_scale(frame, _metric(final, SCALE_KEY)),
+            metric: lookup(final, metric),
+            **{k: lookup(final, amp_metric_key(name)) for k, name in AMP_COLUMNS.items()},
+            "settled_scale": settled_scale(frame, lookup(final, SCALE_KEY)),
             "scale_swing": scale_swing(frame),
             "env_steps_per_s": steps / total if is_number(steps) and steps and total else None,
             "checkpoint": _on(storage, result.checkpoint.path if result.checkpoint else None),
@@ -241,22 +229,21 @@ def summarize(
             steps_key, time_key = target_columns(threshold)
             row[steps_key], row[time_key] = first_reached(frame, metric, threshold)
         rows.append(row)
-    reached_key = target_columns(threshold)[0] if threshold is not None else None
+    reached_key = target_columns(threshold)[0] if threshold is not None else ""
     sign = -1.0 if exp.tune["mode"] == "max" else 1.0
 
     def order(r: Row) -> tuple[bool, float, bool, float]:
         # Those that reached the target first, soonest first; then by the metric, best first.
-        steps, value = r.get(reached_key) if reached_key else None, r[metric]
+        steps, value = r.get(reached_key), r[metric]
         by_steps = (False, float(steps)) if is_number(steps) else (True, 0.0)
-        if not is_number(value) or math.isnan(value):
-            return (*by_steps, True, 0.0)
-        return (*by_steps, False, sign * value)
+        if is_number(value) and not math.isnan(value):
+            return (*by_steps, False, sign * value)
+        return (*by_steps, True, 0.0)
 
     return sorted(rows, key=order)
 
 
 def _on(storage: str | None, path: str | None) -> str | None:
-    """``path`` as a URI on ``storage`` (as the user gave it); without one, as it is."""
     return files.to_uri(storage, path) if storage and path else path
 
 
@@ -267,12 +254,10 @@ def _trial_id(trial_dir: str | None) -> str | None:
     return found.group(1) if found else None
 
 
-# -- warnings the learners logged ------------------------------------------------------------
 def skip_warnings(frame: pd.DataFrame | None, final: Row, cfg: Row) -> dict[str, object]:
     """The "keeps skipping optimizer steps" WARNINGs a trial's learner logged (in its worker's
-    log, which the CLI does not show): ``skip_warnings``, in how many iterations;
-    ``skip_warning_iteration``, the first; ``skip_advice``, what to change (the learner's own
-    advice, from the trial's AMP settings and its final metrics), None without a warning."""
+    log, which the CLI does not show): in how many iterations, the first, and the learner's
+    own advice from the trial's AMP settings and final metrics (None without a warning)."""
     key = amp_metric_key(amp_metrics.SKIP_WARNING)
     warned = frame[frame[key].fillna(0) >= 1] if frame is not None and key in frame else None
     if warned is None or warned.empty:
@@ -284,10 +269,10 @@ def skip_warnings(frame: pd.DataFrame | None, final: Row, cfg: Row) -> dict[str,
         settings = AmpSettings.from_dict(amp if isinstance(amp, Mapping) else None)
     except Exception:  # noqa: BLE001 - the advice then names no values
         settings = None
-    scale = _metric(final, SCALE_KEY)
+    scale = lookup(final, SCALE_KEY)
     dtype = getattr(settings, "dtype", None)
     scaling = dtype == "float16" or (is_number(scale) and scale != 1.0 and dtype != "bfloat16")
-    nonfinite = finite(_metric(final, amp_metric_key(amp_metrics.NONFINITE_LOSS_STEPS_LIFETIME)))
+    nonfinite = finite(lookup(final, amp_metric_key(amp_metrics.NONFINITE_LOSS_STEPS_LIFETIME)))
     cause = report.skip_cause(nonfinite_loss_steps=nonfinite or 0, scaling=scaling)
     first = warned["training_iteration"].iloc[0] if "training_iteration" in warned else None
     return {
@@ -319,7 +304,6 @@ def warning_lines(rows: Iterable[Row]) -> list[str]:
     ]
 
 
-# -- what is printed and written -------------------------------------------------------------
 def format_table(exp: Experiment, rows: Iterable[Row]) -> str:
     threshold = target(exp)
     reached: list[tuple[str, str]] = []
