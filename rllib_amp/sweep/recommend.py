@@ -42,8 +42,6 @@ FILE = "recommended_amp.yaml"
 ALWAYS = ("dtype", "init_scale", "growth_interval", "growth_factor", "backoff_factor")
 # A converged scale belongs to this run's checkpoints; a rerun starts from init_scale instead.
 DROPPED = ("warm_start",)
-# The file's second comment line starts so: the flags that apply it.
-APPLY = "apply with"
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class Recommendation:
     def to_yaml(self) -> str:
         """The reason and how to apply it as comments, then the ``amp:`` block."""
         body = yaml.safe_dump({"amp": self.amp}, sort_keys=False)
-        return f"# {self.reason}\n# {APPLY}: {self.as_set_flags()}\n{body}"
+        return f"# {self.reason}\n# apply with: {self.as_set_flags()}\n{body}"
 
     def as_set_flags(self) -> str:
         """The same settings as ``--set`` flags for ``python -m rllib_amp.tune``, each value
@@ -65,19 +63,14 @@ class Recommendation:
         A flag on a key the experiment searches replaces that search entry (and the command
         says so), so the flags applied to the experiment that produced them run these values.
         """
-        return " ".join(
-            "--set " + shlex.quote(f"amp.{k}={_yaml_scalar(v)}") for k, v in self.amp.items()
-        )
+        # One YAML line per value: ``1e38`` alone would be a string, ``1.0e+38`` is a float.
+        flow = [yaml.safe_dump(v, default_flow_style=True, width=2**31) for v in self.amp.values()]
+        values = (text.removesuffix("\n...\n").strip() for text in flow)
+        return " ".join("--set " + shlex.quote(f"amp.{k}={v}") for k, v in zip(self.amp, values))
 
     def replaced_searches(self, searched: Iterable[str]) -> list[str]:
         """The searched keys (of ``searched``) that these settings give a fixed value."""
         return [k for k in searched if k.startswith("amp.") and k[4:] in self.amp]
-
-
-def _yaml_scalar(v: object) -> str:
-    """``v`` as YAML on one line: ``1e38`` -> ``1.0e+38`` (a float to YAML, not a string)."""
-    text = yaml.safe_dump(v, default_flow_style=True, width=2**31)
-    return text.removesuffix("\n...\n").strip()
 
 
 def choose(groups: Sequence[Group]) -> Group | None:
@@ -129,58 +122,55 @@ def recommend(
         for k, v in settings.to_dict().items()
         if k not in DROPPED and (k in ALWAYS or v != defaults[k])
     }
-    why = _why(chosen, groups, metric)
     if settings.dtype != "bfloat16" and scale is not None and scale != 1.0:
         amp["init_scale"] = scale
-        reason = (
-            f"{why}; init_scale is its settled scale, {scale:g} (median over seeds of each "
-            f"run's median scale over its last quarter)"
+        scaling = (
+            f"init_scale is its settled scale, {scale:g} (median over seeds of each run's median "
+            "scale over its last quarter)"
         )
     else:
         amp.pop("init_scale", None)
-        reason = f"{why}; it trained without loss scaling (bfloat16): no scaler is needed"
+        scaling = "it trained without loss scaling (bfloat16): no scaler is needed"
+    reason = "; ".join([*_why(chosen, groups, metric), scaling])
     if single_seed(groups):
         reason = f"On a single run per setting ({SINGLE_RUN}): {reason}"
     AmpSettings.from_dict(amp)  # what is written must load again
     return Recommendation(amp, reason)
 
 
-def _stat_text(g: Group, metric: str) -> str:
-    if g.steps is not None:
-        return (
-            f"env steps to the target {interval_text(g.steps)} "
-            f"({g.reached} of {len(g.trials)} seeds reached it)"
-        )
-    return f"{metric} {interval_text(g.metric)}"
+def _why(chosen: Group, groups: Sequence[Group], metric: str) -> list[str]:
+    """The clauses of the reason: the chosen group's numbers, then why it beat the tied."""
 
+    def stat(g: Group) -> str:
+        if g.steps is None:
+            return f"{metric} {interval_text(g.metric)}"
+        reached = f"{g.reached} of {len(g.trials)} seeds reached it"
+        return f"env steps to the target {interval_text(g.steps)} ({reached})"
 
-def _skips(g: Group) -> str:
-    return f"{format_value(g.skipped_steps)} skipped steps ({g.skip_percent} of updates)"
+    def skips(g: Group) -> str:
+        return f"{format_value(g.skipped_steps)} skipped steps ({g.skip_percent} of updates)"
 
-
-def _why(chosen: Group, groups: Sequence[Group], metric: str) -> str:
-    tied = [g for g in groups if g.tied]
     best = groups[0]
-    text = f"{chosen.label()}: {_stat_text(chosen, metric)} over {len(chosen.trials)} seed(s)"
-    if chosen is best:
-        text += ", the best"
-    else:
-        text += f", tied with the best ({best.label()}: {_stat_text(best, metric)})"
-    if len(tied) < 2:
-        return f"{text}; {_skips(chosen)}"
-    others = [g for g in tied if g is not chosen]
-    text += (
-        f"; of the {len(tied)} tied settings it skipped the fewest steps: {_skips(chosen)}, "
-        f"against " + ", ".join(f"{_skips(g)} for {g.label()}" for g in others)
+    rank = (
+        ", the best" if chosen is best else f", tied with the best ({best.label()}: {stat(best)})"
+    )
+    why = [f"{chosen.label()}: {stat(chosen)} over {len(chosen.trials)} seed(s){rank}"]
+    others = [g for g in groups if g.tied and g is not chosen]
+    if not others:
+        return [*why, skips(chosen)]
+    against = ", ".join(f"{skips(g)} for {g.label()}" for g in others)
+    why.append(
+        f"of the {len(others) + 1} tied settings it skipped the fewest steps: {skips(chosen)}, "
+        f"against {against}"
     )
     same = [g for g in others if g.skipped_steps == chosen.skipped_steps]
     if same and chosen.scale_swing is not None:
         swings = ", ".join(format_value(g.scale_swing) for g in same)
-        text += (
-            "; its scale swung least over its last quarter "
+        why.append(
+            "its scale swung least over its last quarter "
             f"(log2 range {chosen.scale_swing:g}, against {swings})"
         )
-    return text
+    return why
 
 
 def write(rec: Recommendation, exp_dir: str) -> str:
