@@ -49,6 +49,10 @@ AMP_CONFIG_KEY = "rllib_amp"
 STATE_VERSION = 1
 
 WARM_START_KEYS: tuple[str, ...] = ("from", "modules")
+MISSING_CHECKPOINT = (
+    "does not exist; give an Algorithm checkpoint folder (e.g. .../checkpoint_000009) or a "
+    "learner folder of a float16 rllib-amp run, or drop warm_start to start from init_scale"
+)
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,7 @@ def _checkpoint_path(value: object) -> str:
         # Absolute: Tune trials run in their own folder. A URI is checked where it is read.
         return existing_location(value)
     except FileNotFoundError:
-        raise ValueError(
-            f"warm_start.from: {value!r} does not exist; give an Algorithm checkpoint folder "
-            f"(e.g. .../checkpoint_000009) or a learner folder of a float16 rllib-amp run, or "
-            f"drop warm_start to start from init_scale"
-        ) from None
+        raise ValueError(f"warm_start.from: {value!r} {MISSING_CHECKPOINT}") from None
     except ValueError as e:  # a variable that is not set
         raise ValueError(f"warm_start.from: {e}") from None
 
@@ -231,15 +231,7 @@ class AmpSettings:
                 f"{where}: expected a mapping of AMP settings, got {type(d).__name__} "
                 f"{d!r}; write e.g. '{where}: {{dtype: bfloat16}}'"
             )
-        names = cls.field_names()
-        kwargs: dict[str, Any] = {}
-        for key, value in d.items():
-            if key not in names:
-                raise ValueError(
-                    f"{where}.{key}: unknown AMP setting{suggest(str(key), names)}; "
-                    f"allowed keys: {', '.join(names)}"
-                )
-            kwargs[key] = value
+        kwargs: dict[str, Any] = dict(_known_keys(d, where))
         if "enabled" in kwargs and kwargs["enabled"] is None:
             kwargs["enabled"] = "auto"
         try:
@@ -258,6 +250,18 @@ class AmpSettings:
         merged = self.to_dict()
         merged.update(fields)
         return AmpSettings.from_dict(merged)
+
+
+def _known_keys(d: Mapping[str, object], where: str) -> Mapping[str, object]:
+    """``d``, after a ValueError for its first key that is no AmpSettings field."""
+    names = AmpSettings.field_names()
+    for key in d:
+        if key not in names:
+            raise ValueError(
+                f"{where}.{key}: unknown AMP setting{suggest(str(key), names)}; "
+                f"allowed keys: {', '.join(names)}"
+            )
+    return d
 
 
 def _brief(value: object) -> str:
@@ -389,15 +393,7 @@ def store_in_config(
         >>> settings_from_config(cfg).init_scale
         1024.0
     """
-    block = settings.to_dict()
-    names = AmpSettings.field_names()
-    for key, sampler in (searched or {}).items():
-        if key not in names:
-            raise ValueError(
-                f"amp.{key}: unknown AMP setting{suggest(key, names)}; "
-                f"allowed keys: {', '.join(names)}"
-            )
-        block[key] = sampler
+    block = {**settings.to_dict(), **_known_keys(searched or {}, "amp")}
     config.learners(learner_config_dict={AMP_CONFIG_KEY: block})
 
 

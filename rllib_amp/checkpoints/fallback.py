@@ -1,21 +1,18 @@
 """Resuming past a damaged checkpoint: the newest intact one of a trial, at restore time.
 
-A Tune trial resumes from the latest checkpoint recorded in the experiment state
-(``experiment_state-*.json``). When that checkpoint is damaged (a node died mid-upload, a
-disk filled up, bit rot), RLlib's restore would fail on every retry.
+A Tune trial resumes from the latest checkpoint its experiment state records; when that one is
+damaged (a node died mid-upload, a full disk, bit rot), RLlib's restore fails on every retry.
 
-- ``newest_intact_checkpoint(trial_dir)`` reads a trial's ``checkpoint_NNNNNN`` folders newest
-  first (``checkpoint_files.verify_checkpoint``) and returns the first intact one with the
-  damaged ones it skipped. With ``move_damaged=True`` those are renamed to
-  ``checkpoint_NNNNNN.damaged``: kept for inspection, never deleted.
-- ``intact_checkpoint_before(fs, checkpoint)``: what the trial's own restore
-  (``AmpAlgorithmMixin.restore``) restores instead of a damaged ``checkpoint``. Tune's
-  experiment state is never rewritten: its record still names the damaged checkpoint.
+- ``newest_intact_checkpoint(trial_dir)``: the newest ``checkpoint_NNNNNN`` that passes
+  ``verify_checkpoint``, and the damaged ones skipped (``move_damaged=True`` renames those to
+  ``checkpoint_NNNNNN.damaged``: kept for inspection, never deleted).
+- ``intact_checkpoint_before(fs, checkpoint)``: what ``AmpAlgorithmMixin.restore`` restores
+  instead of a damaged ``checkpoint``; Tune's experiment state is never rewritten.
 - ``resume_from_intact_checkpoints(experiment_dir)``, before ``Tuner.restore``: says which
   trial falls back to which checkpoint, keeps the damaged ones aside, and refuses a resume
   in which a trial has no intact checkpoint at all.
 
-Both take a local folder or a pyarrow URI (``s3://``, ``gs://``, ``file://``).
+All take a local folder or a pyarrow URI (``s3://``, ``gs://``, ``file://``).
 
 Example:
     >>> choice = newest_intact_checkpoint("/runs/sweep/PPO_CartPole-v1_0")  # doctest: +SKIP
@@ -25,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import posixpath
@@ -39,6 +37,7 @@ from rllib_amp.checkpoint_files import (
     Location,
     verify_checkpoint,
 )
+from rllib_amp.checkpoint_manifest import fail
 from rllib_amp.fs import (
     CHECKPOINT_FOLDER,
     EXPERIMENT_STATE_GLOB,
@@ -64,12 +63,9 @@ KEPT_ASIDE_FILE = "rllib_amp_kept_aside.txt"
 
 @dataclass(frozen=True)
 class DamagedCheckpoint:
-    """A checkpoint folder that failed verification.
-
-    ``file``: the damaged file; ``reason``: CheckpointError's message; ``moved_to``: its new
-    name when it was moved aside, else None; ``problem``: what is wrong with the file, without
-    its path or advice.
-    """
+    """A checkpoint folder that failed verification: ``file`` the damaged file, ``reason``
+    CheckpointError's message, ``moved_to`` where it was moved aside (or None), ``problem``
+    what is wrong with the file, without its path or advice."""
 
     path: str
     file: str
@@ -165,30 +161,22 @@ def _first_intact(
 
 
 def _check_not_cut_off(fs: pyarrow.fs.FileSystem, folder: str, older: list[str]) -> None:
-    """CheckpointError for a checkpoint without a manifest in a trial whose older
-    checkpoints have one: rllib-amp writes the manifest into every checkpoint before Tune
-    uploads it, so this upload was cut off (a full disk, a killed process) and files that
-    parse may still be missing."""
+    """CheckpointError for a checkpoint without a manifest in a trial whose older ones have
+    one: rllib-amp writes it before Tune uploads, so this upload was cut off."""
     manifest = MANIFEST_FILE_NAME
     witness = next((o for o in older if is_file(fs, posixpath.join(o, manifest))), None)
-    if witness is None:
-        return
-    problem = (
-        f"is missing while the trial's older {posixpath.basename(witness)} has one: the "
-        f"checkpoint's save or upload was cut off (a full disk, a killed process)"
-    )
-    shown = display_path(fs, posixpath.join(folder, manifest))
-    raise CheckpointError(
-        f"{shown}: checkpoint file {problem}; nothing was restored. Restore from another "
-        f"checkpoint.",
-        path=shown,
-        problem=problem,
-    )
+    if witness is not None:
+        fail(
+            fs,
+            posixpath.join(folder, manifest),
+            f"is missing while the trial's older {posixpath.basename(witness)} has one: the "
+            f"checkpoint's save or upload was cut off (a full disk, a killed process)",
+        )
 
 
 def _move_aside(fs: pyarrow.fs.FileSystem, folder: str, *, copy: bool = False) -> str:
-    """Renames ``folder`` to ``<folder>.damaged`` (``.damaged-2``, ... if taken); with
-    ``copy``, copies it there instead (once) and marks ``folder`` (``KEPT_ASIDE_FILE``)."""
+    """``folder`` renamed to ``.damaged`` (``-2``... if taken), or copied there once and
+    marked (``KEPT_ASIDE_FILE``)."""
     mark = posixpath.join(folder, KEPT_ASIDE_FILE)
     if copy and is_file(fs, mark):
         return read_bytes(fs, mark).decode("utf-8")
@@ -348,8 +336,8 @@ def _kept_aside(
     for d in choice.damaged:
         name = posixpath.basename(d.path)
         moved = _move_aside(fs, posixpath.join(fs_trial_dir, name), copy=_index(name) <= latest)
-        kept.append(DamagedCheckpoint(d.path, d.file, d.reason, moved, d.problem))
-    return CheckpointChoice(choice.trial_dir, choice.intact, tuple(kept))
+        kept.append(dataclasses.replace(d, moved_to=moved))
+    return dataclasses.replace(choice, damaged=tuple(kept))
 
 
 def _latest_recorded_checkpoints(trial_data: list[list[str]]) -> dict[str, tuple[str, str]]:

@@ -47,6 +47,7 @@ from rllib_amp.scaling.state import AMP_STATE_KEY
 from rllib_amp.settings import (
     FLOAT32_MAX,
     FLOAT32_TINY,
+    MISSING_CHECKPOINT,
     STATE_VERSION,
     AmpSettings,
     WarmStart,
@@ -121,11 +122,7 @@ def _read_scaler_states(path: str, where: str) -> dict[str, ScalerState]:
     probe(path)
     fs, base = resolve(path)
     if not exists(fs, base):
-        raise ValueError(
-            f"{where}: {path!r} does not exist; give an Algorithm checkpoint folder (e.g. "
-            f".../checkpoint_000009) or a learner folder of a float16 rllib-amp run, or drop "
-            f"warm_start to start from init_scale"
-        )
+        raise ValueError(f"{where}: {path!r} {MISSING_CHECKPOINT}")
     file = learner_state_file(path)
     if file is None:
         inside = [posixpath.basename(f) for f in reversed(checkpoint_folders(fs, base))]
