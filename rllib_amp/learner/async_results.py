@@ -1,17 +1,15 @@
 """Asynchronous learners (APPO, IMPALA): every update's results reach the algorithm, in time.
 
-RLlib 2.60's ``IMPALALearner`` trains on a background thread that puts one reduced result
-per finished update into an out-queue, while ``update()`` takes one result per call. APPO's
-circular buffer trains each batch ``circular_buffer_iterations_per_batch`` times (K, 2 by
-default), so the thread finishes K updates per call and K-1 results stay behind: the queue
-grows without bound, and every learner metric the algorithm reports is older and older (after
-n calls, that of update ~n of ~K*n). Sums arrive late; absolute values such as the AMP
-lifetime counters read about 1/K of the truth, and a restore, which starts an empty queue,
-shows the real count: the counters seem to double across a ``--resume``.
+RLlib 2.60's ``IMPALALearner`` thread puts one reduced result per finished update into an
+out-queue, and ``update()`` takes one per call. APPO trains each batch K times
+(``circular_buffer_iterations_per_batch``, 2 by default), so K-1 results per call stay
+behind: the queue grows without bound and every reported learner metric lags further (after
+n calls, that of update ~n of ~K*n). The AMP lifetime counters read about 1/K of the truth,
+and seem to double across a ``--resume`` (a restore starts an empty queue).
 
-``collect_pending`` takes what RLlib left in the queue and merges it, oldest first, with the
-result RLlib took, the way the algorithm merges results that arrive one after another (sums
-add up, counters keep their maximum, the last item wins).
+``collect_pending`` merges what RLlib left in the queue, oldest first, with the result RLlib
+took, as the algorithm merges results arriving one after another (sums add up, counters keep
+their maximum, the last item wins).
 
 Example:
     >>> import queue
@@ -48,11 +46,8 @@ def collect_pending(
     *,
     stats_cls_lookup: dict[str, type] | None = None,
 ) -> ResultDict:
-    """``result`` merged with every result still waiting in ``out_queue`` (emptied).
-
-    ``result`` is returned as it is when nothing waits. ``stats_cls_lookup``: the config's
-    (``AlgorithmConfig.stats_cls_lookup``), for custom reduce methods.
-    """
+    """``result`` merged with every result still waiting in ``out_queue`` (emptied); as it is
+    when nothing waits. ``stats_cls_lookup``: the config's, for custom reduce methods."""
     pending = _drain(out_queue)
     if not pending:
         return result

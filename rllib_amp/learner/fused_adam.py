@@ -1,10 +1,9 @@
 """Switches RLlib's default ``torch.optim.Adam`` to PyTorch's fused kernel when AMP is on.
 
-Same algorithm, one kernel for all parameters: on the Nature CNN the optimizer step is much
-faster (docs/performance.md, "Figures behind the code's thresholds"). Only a plain Adam whose
-implementation the user left unset (foreach/fused None), on float32 CPU or CUDA parameters,
-is touched. Loaded optimizer state carries the saving run's flags, so a restore sets them
-again for this run.
+Same algorithm, one kernel for all parameters: a much faster step on the Nature CNN
+(docs/performance.md, "Figures behind the code's thresholds"). Only a plain Adam left at the
+default implementation (foreach/fused None) on float32 CPU or CUDA parameters is touched.
+Loaded optimizer state carries the saving run's flags, so a restore sets them again.
 
 Example:
     >>> import torch

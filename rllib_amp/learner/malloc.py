@@ -1,18 +1,15 @@
 """Keeps a CPU learner's large per-update buffers in the heap instead of handing them back.
 
 glibc serves every allocation above its mmap threshold (at most 32 MiB by default) with a
-fresh ``mmap`` and returns it to the OS on ``free``. A CPU update allocates dozens of such
-buffers (a minibatch of Atari observations is 29 MB in float32, its bfloat16 copy and the
-convolution workspaces follow), so every update page-faults all of them in again. Measured
-on a PPO update (Nature CNN, batch 1024, 2 cores): minor page faults per update, float32
-104,392 -> 14,672 and bf16 60,112 -> 2; CPU time per update, float32 2.92 -> 2.12 s and
-bf16 1.21 -> 1.03 s.
+fresh ``mmap`` and unmaps it on ``free``; a CPU update allocates dozens of such buffers (29 MB
+for a minibatch of Atari observations in float32, then its bfloat16 copy and the convolution
+workspaces), page-faulted in again every update. Measured on a PPO update (Nature CNN, batch
+1024, 2 cores): minor page faults per update, float32 104,392 -> 14,672 and bf16 60,112 -> 2;
+CPU time, float32 2.92 -> 2.12 s and bf16 1.21 -> 1.03 s.
 
-``tune_cpu_malloc()`` raises glibc's mmap and trim thresholds to 1 GiB (``mallopt``), so
-freed blocks are reused by the next update. The setting is process-wide: anything else in
-the same process (a float32 learner too) gets it as well. The price: freed memory stays in
-the process (its resident size stays near the update's peak between updates). It does
-nothing where the allocator is not glibc's, or where you chose one yourself
+``tune_cpu_malloc()`` raises glibc's mmap and trim thresholds to 1 GiB (``mallopt``), for the
+whole process, so the next update reuses freed blocks; the resident size then stays near the
+update's peak. It does nothing where the allocator is not glibc's, or where you chose one
 (``MALLOC_*`` environment variables, jemalloc or tcmalloc preloaded).
 
 Example:

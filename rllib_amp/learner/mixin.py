@@ -2,27 +2,22 @@
 
 Each override wraps RLlib's own method and hands the AMP part to the module that owns it:
 
-    build / add_module             a scaler per module (or one shared scale),  (scaler,
-                                   seeded by a warm start                      warm_start)
+    build / add_module             a warm-started scaler per module (or one shared) (scaling)
     _uncompiled_update             RLlib's update step, inside autocast
-    compute_losses                 float32 into and out of the loss maths    (precision)
-    compute_gradients              scaled losses -> RLlib's backward ->       (scaler_set)
-                                   unscale; returns true-scale gradients
+    compute_losses                 float32 into and out of the loss maths         (precision)
+    compute_gradients              scaled losses -> RLlib's backward -> unscale   (scaler_set)
     postprocess_gradients          RLlib's grad_clip, outside autocast
-    apply_gradients                step or skip per module; no nan_to_num     (scaler_set)
-    _make_batch_if_necessary       the GAE value pass under autocast          (value_pass)
-    _create_iterator_if_necessary  one copy per minibatch                     (minibatch)
-    after_gradient_based_update    metrics and skip warnings                  (report)
-    update                         APPO: the results its learner thread left  (async_results)
-                                   behind are reported, not queued forever
-    get_state / set_state          scaler state, Adam fusing                  (scaling.state,
-                                                                               fused_adam)
-    restore_from_path              damaged files refused before any load      (checkpoint_files)
+    apply_gradients                step or skip per module; no nan_to_num         (scaler_set)
+    _make_batch_if_necessary       the GAE value pass under autocast              (value_pass)
+    _create_iterator_if_necessary  one copy per minibatch                         (minibatch)
+    after_gradient_based_update    metrics and skip warnings                      (report)
+    update                         APPO: every result the learner thread queued (async_results)
+    get_state / set_state          scaler state, Adam fusing     (scaling.state, fused_adam)
+    restore_from_path              damaged files refused before any load (checkpoint_files)
 
 The gradient methods run outside autocast. docs/update-step.md walks through the update step,
-what RLlib's own ``_torch_grad_scaler_class`` hook gets wrong, and how each public Learner
-method behaves with the scaler in the loop. With precision float32 every override defers to
-RLlib unchanged: the run is bit-identical to stock RLlib.
+what RLlib's own ``_torch_grad_scaler_class`` hook gets wrong, and each public Learner method
+with the scaler in the loop. In float32 every override defers to RLlib: bit-identical runs.
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig

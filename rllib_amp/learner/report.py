@@ -1,10 +1,10 @@
 """What a learner reports about its scalers after each update, and when it warns.
 
 Per module, into RLlib's learner results (``result["learners"][module_id]``, keys in
-``rllib_amp.learner.metrics``) and Ray's metrics; and one WARNING with advice when a module keeps
-skipping optimizer steps. That WARNING is logged in the learner's process, whose log a sweep's
-user does not see (``log_to_driver=False``): the results carry ``amp_skip_warning`` = 1 for
-the iteration, and the sweep's summary repeats it per trial (``skip_advice``).
+``rllib_amp.learner.metrics``) and Ray's metrics; and a WARNING with advice when a module keeps
+skipping optimizer steps. A sweep's user does not see the learner's log
+(``log_to_driver=False``): the results carry ``amp_skip_warning`` = 1 for the iteration, and
+the sweep's summary repeats it per trial (``skip_advice``).
 
 Example:
     >>> from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -56,8 +56,8 @@ class LastItemStats(ItemStats):
 
     @property
     def values(self) -> list[float]:
-        """As a series stat's: an algorithm restored from a checkpoint of an older rllib-amp
-        holds the mean stat it merged into, which reads this (and keeps averaging)."""
+        # As a series stat's: a checkpoint of an older rllib-amp restores into a mean stat,
+        # which reads this (and keeps averaging).
         item = self.get_state()["item"]
         return [] if item is None else [item]
 
@@ -123,9 +123,9 @@ def _lifetime_values(scaler: PolicyScaler) -> dict[str, float]:
 
 
 def values_without_an_update(scalers: Mapping[str, PolicyScaler]) -> dict[str, dict[str, float]]:
-    """Each module's AMP metrics for an iteration in which no update finished (an asynchronous
-    learner still waiting for its first batch, also after a restore): the scaler as it stands,
-    no step skipped. The window of steps is left to the next update's report.
+    """Each module's AMP metrics for an iteration in which no update finished (an async
+    learner waiting for its first batch): the scaler as it stands, no step skipped; the window
+    of steps is left to the next update's report.
 
     Example:
         >>> from rllib_amp.scaling.scaler import PolicyScaler
@@ -145,9 +145,8 @@ def values_without_an_update(scalers: Mapping[str, PolicyScaler]) -> dict[str, d
 
 
 def skip_cause(*, nonfinite_loss_steps: float, scaling: bool) -> str:
-    """Why a module keeps skipping steps: ``nonfinite_loss`` (the loss itself was nan/inf:
-    bad data), ``overflow`` (float16 gradients beyond the scale), ``nonfinite_gradients``
-    (no scaler: bfloat16 gradients themselves nan/inf).
+    """Why a module keeps skipping steps: ``nonfinite_loss`` (bad data), ``overflow`` (float16
+    gradients beyond the scale), ``nonfinite_gradients`` (no scaler: bfloat16 nan/inf).
 
     Example:
         >>> skip_cause(nonfinite_loss_steps=0, scaling=True)
@@ -159,8 +158,7 @@ def skip_cause(*, nonfinite_loss_steps: float, scaling: bool) -> str:
 
 
 def skip_advice(cause: str, settings: AmpSettings | None = None) -> str:
-    """What to change for ``cause`` (``skip_cause``); with ``settings`` (AmpSettings), the
-    values now.
+    """What to change for ``cause`` (``skip_cause``); with ``settings``, the values now.
 
     Example:
         >>> skip_advice("nonfinite_gradients")

@@ -1,8 +1,7 @@
 """The learner connector's value pass (GAE for PPO) under autocast, handing out float32.
 
-That pass is a full forward of the value net over the train batch: on CPU about a third of
-the learner's time. It runs in low precision; what ``compute_values`` returns is cast back to
-float32, because the connector hands it to numpy, which has no bfloat16.
+A full forward of the value net over the train batch: on CPU about a third of the learner's
+time. ``compute_values``' output is cast back to float32 for the connector's numpy (no bfloat16).
 
 Example:
     >>> import torch

@@ -88,7 +88,7 @@ EXPECTED = {
 COPIED = {
     # The lazy lr-scheduler setup: AmpLearnerMixin._amp_build_lr_schedulers.
     (TorchLearner, "apply_gradients"): "92dcfa02eb0b8bef",
-    # Mirrored step for step by GatherMiniBatchIterator.__iter__ / .replacing.
+    # Mirrored step for step by GatherMiniBatchIterator.__iter__ / gather_minibatches.
     (MiniBatchCyclicIterator, "__iter__"): "8ab2751b47f86d38",
     (MiniBatchCyclicIterator, "__init__"): "d734f638dca2c12c",
 }

@@ -10,7 +10,7 @@ import torch
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.minibatch_utils import MiniBatchCyclicIterator
 
-from rllib_amp.learner.minibatch import GatherMiniBatchIterator
+from rllib_amp.learner.minibatch import GatherMiniBatchIterator, gather_minibatches
 
 
 def _module_batch(n: int, seed: int, *, numpy_leaves: bool = False, ngu: float | None = 3):
@@ -30,7 +30,8 @@ def _run(ours, batch, seed, **kwargs):
     np.random.seed(seed)
     iterator = MiniBatchCyclicIterator(copy.deepcopy(batch), **kwargs)
     if ours:  # built the way the learner builds it: from RLlib's own iterator
-        iterator = GatherMiniBatchIterator.replacing(iterator)
+        iterator = gather_minibatches(iterator)
+        assert isinstance(iterator, GatherMiniBatchIterator)
     out = list(iterator)
     return out, np.random.get_state()[1].copy()
 
