@@ -1,17 +1,7 @@
-"""The Atari-path figures: what ALE's native vector env and uint8 observations buy.
-
-Each compares RLlib's Python Atari wrappers (float32 observations) with the native path
-(uint8), in the same run as the AMP figures (``figures``):
-
-  - sampling: env steps/s of one EnvRunner with 16 envs, inference included, each
-    repetition of each path in a fresh process, the paths interleaved; beside them ALE's
-    vector env alone (``raw ALE``: same preprocessing, random actions, no network);
-  - end to end: env steps/s of PPO (and APPO, reported) training on Pong, the
-    ``PATH_VARIANTS`` side by side in one process;
-  - replay bytes: numpy bytes a DQN replay buffer holds per stored transition;
-  - peak memory of a learner update per ``PATH_VARIANTS`` entry (``figures.memory_one``).
-
-``report.targets`` turns them into the targets' ratios.
+"""The Atari-path figures: what ALE's native vector env and uint8 observations buy over
+RLlib's Python Atari wrappers (float32 observations), in the same run as the AMP figures
+(``figures``): sampling (beside ALE's vector env alone, ``raw ALE``), end to end, DQN replay
+bytes per transition, learner peak memory. ``report.targets`` turns them into ratios.
 
 Example:
     >>> bench_sampling(2, measure=lambda path, *a: 3.0 if path == "native" else 1.0)
@@ -31,7 +21,7 @@ from rllib_amp.bench.figures import (
     train_interleaved,
 )
 from rllib_amp.bench.harness import in_child
-from rllib_amp.bench.workloads import LR, PATH_VARIANTS, WORKLOADS, algo_config
+from rllib_amp.bench.workloads import LR, PATH_VARIANTS, WORKLOADS, algo_config, stock_env_runner
 from rllib_amp.envs.atari import NATIVE, WRAPPERS
 
 if TYPE_CHECKING:
@@ -92,12 +82,10 @@ def path_configs(
         cfg = algo_config(
             algo, model, pv.variant, device, training=training, preprocessing=pv.preprocessing
         )
-        cfg.env_runners(num_envs_per_env_runner=num_envs)
         # APPO defaults to one remote learner of one CPU: several of them side by side do not
         # fit a 2-core machine's Ray (the third waits forever), and a remote one would add
         # Ray's transfers that PPO's and DQN's rows do not have. The local learner, as theirs.
-        cfg.learners(num_learners=0)
-        out[label] = cfg
+        out[label] = cfg.env_runners(num_envs_per_env_runner=num_envs).learners(num_learners=0)
     return out
 
 
@@ -107,14 +95,12 @@ def bench_end_to_end_paths(
     device: str,
     iterations: int,
     *,
-    model: str = "full",
-    num_envs: int = E2E_ENVS_PER_RUNNER,
-    training: Mapping[str, object] | None = None,
     warmup: int = WARMUP_ROUNDS,
+    **config: Any,
 ) -> dict[str, list[float]]:
-    """Env steps/s of ``algo``'s training iterations on Pong per label, interleaved."""
-    configs = path_configs(algo, labels, device, model=model, num_envs=num_envs, training=training)
-    return train_interleaved(configs, iterations, warmup)
+    """Env steps/s of ``algo``'s training iterations on Pong per label, interleaved;
+    ``config``: ``path_configs``'s keywords."""
+    return train_interleaved(path_configs(algo, labels, device, **config), iterations, warmup)
 
 
 # -- replay bytes -----------------------------------------------------------------------------
@@ -145,19 +131,14 @@ def numpy_bytes(obj: object) -> int:
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
         elif type(item).__module__.startswith("ray.rllib"):
-            stack.extend(_attributes(item))
+            # RLlib's episodes keep their fields in __slots__, its lookback buffers in __dict__.
+            stack.extend(getattr(item, "__dict__", {}).values())
+            for cls in type(item).__mro__:
+                slots = cls.__dict__.get("__slots__", ())
+                for name in (slots,) if isinstance(slots, str) else slots:
+                    if hasattr(item, name) and name != "__dict__":
+                        stack.append(getattr(item, name))
     return total
-
-
-def _attributes(item: object) -> list[object]:
-    # RLlib's episodes keep their fields in __slots__, its lookback buffers in __dict__.
-    out = list(getattr(item, "__dict__", {}).values())
-    for cls in type(item).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if hasattr(item, name) and name != "__dict__":
-                out.append(getattr(item, name))
-    return out
 
 
 def replay_bytes_one(
@@ -170,10 +151,7 @@ def replay_bytes_one(
     actions, rewards, ...) and ``observations`` alone, each per stored transition.
     """
     from ray.rllib.algorithms.dqn import DQNConfig
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
     from ray.rllib.utils import replay_buffers
-
-    from rllib_amp.learner.env_runner import forget_rllib_env_ids
 
     cfg = algo_config("DQN", "mini", "fp32", "cpu", preprocessing=preprocessing)
     assert isinstance(cfg, DQNConfig)
@@ -184,12 +162,8 @@ def replay_bytes_one(
         cls = getattr(replay_buffers, cls)
     settings["capacity"] = max(int(settings.get("capacity", 0)), 2 * transitions)
     buffer = cls(**settings)
-    forget_rllib_env_ids()
-    runner = SingleAgentEnvRunner(config=cfg)
-    try:
+    with stock_env_runner(cfg) as runner:
         buffer.add(runner.sample(num_timesteps=transitions, random_actions=True))
-    finally:
-        runner.stop()
     stored = buffer.get_num_timesteps()
     episodes = list(buffer.episodes)
     obs = [getattr(e, "observations", None) for e in episodes]
@@ -200,18 +174,13 @@ def replay_bytes_one(
     }
 
 
-def bench_replay_bytes(
-    transitions: int, measure: Callable[..., dict[str, float]] | None = None
-) -> dict[str, dict[str, float]]:
+def bench_replay_bytes(transitions: int) -> dict[str, dict[str, float]]:
     """``replay_bytes_one`` per path (``fp32 wrappers``: float32, ``fp32 native``: uint8),
-    each in a fresh child process unless ``measure`` stands in for it."""
-    out = {}
-    for label in ("fp32 wrappers", "fp32 native"):
-        pre = PATH_VARIANTS[label].preprocessing
-        out[label] = (
-            measure(pre, transitions) if measure else in_child(replay_bytes_one, pre, transitions)
-        )
-    return out
+    each in a fresh child process."""
+    return {
+        label: in_child(replay_bytes_one, PATH_VARIANTS[label].preprocessing, transitions)
+        for label in ("fp32 wrappers", "fp32 native")
+    }
 
 
 # -- learner memory ---------------------------------------------------------------------------

@@ -19,10 +19,10 @@ from rllib_amp.bench.workloads import (
     PARITY,
     PARITY_ENV_ID,
     PARITY_MODEL,
+    WORKLOADS,
     Batch,
     algo_config,
     build_learner,
-    samples_per_update,
     update_fn,
 )
 
@@ -40,18 +40,14 @@ WARMUP_ROUNDS = 2
 E2E_ENVS_PER_RUNNER = 16
 
 
-def interleaved(variants: Sequence[str], round_no: int) -> list[str]:
-    # Alternate the order, so no variant always runs right after the same other one.
-    return list(variants) if round_no % 2 == 0 else list(reversed(variants))
-
-
 def interleaved_reps(
     names: Sequence[str], reps: int, measure: Callable[[str], _T]
 ) -> dict[str, list[_T]]:
-    """``measure(name)`` ``reps`` times per name, the names in ``interleaved`` order."""
+    """``measure(name)`` ``reps`` times per name, the order reversed every other round, so no
+    name always runs right after the same other one."""
     out: dict[str, list[_T]] = {n: [] for n in names}
     for rep in range(reps):
-        for n in interleaved(names, rep):
+        for n in names if rep % 2 == 0 else names[::-1]:
             out[n].append(measure(n))
     return out
 
@@ -61,9 +57,13 @@ def bench_throughput(
     algo: str, model: str, variants: Sequence[str], device: str, data: Batch, reps: int
 ) -> dict[str, list[float]]:
     """Samples/s per variant: interleaved repetitions in one process, after warm-up rounds."""
+    work = WORKLOADS[algo]
     learners = {v: build_learner(algo, model, v, device, data["spaces"]) for v in variants}
-    runs = {v: update_fn(algo, lrn, data["episodes"]) for v, lrn in learners.items()}
-    n = samples_per_update(algo, data["episodes"])
+    runs = {
+        v: update_fn(lrn, data["episodes"], work.minibatch, work.epochs)
+        for v, lrn in learners.items()
+    }
+    n = sum(len(e) for e in data["episodes"]) * work.epochs  # samples one update trains on
     for _ in range(WARMUP_ROUNDS):
         for run in runs.values():
             run()  # warm-up: lazy state, allocator, oneDNN / cuDNN kernel choice
@@ -89,10 +89,8 @@ def memory_one(
     data_path: str,
     preprocessing: str | None = None,
 ) -> float:
-    """Peak bytes of one update of one variant (run in its own fresh process).
-
-    ``preprocessing``: the Atari path the batch at ``data_path`` was sampled on.
-    """
+    """Peak bytes of one update of one variant (run in its own fresh process) on the batch
+    at ``data_path``, sampled on the Atari path ``preprocessing``."""
     import torch
 
     with open(data_path, "rb") as f:
@@ -102,7 +100,8 @@ def memory_one(
     learner = build_learner(
         algo, model, variant, device, data["spaces"], tune_malloc=False, preprocessing=preprocessing
     )
-    run = update_fn(algo, learner, data["episodes"])
+    work = WORKLOADS[algo]
+    run = update_fn(learner, data["episodes"], work.minibatch, work.epochs)
     if device == "cuda":
         run()
         torch.cuda.reset_peak_memory_stats()
@@ -129,11 +128,12 @@ def bench_end_to_end(
     variants: Sequence[str], device: str, iterations: int, model: str = "full"
 ) -> dict[str, list[float]]:
     """Env steps/s of whole PPO training iterations on Pong, interleaved across variants."""
-    configs = {}
-    for v in variants:
-        cfg = algo_config("PPO", model, v, device)
-        cfg.env_runners(num_envs_per_env_runner=E2E_ENVS_PER_RUNNER)
-        configs[v] = cfg
+    configs = {
+        v: algo_config("PPO", model, v, device).env_runners(
+            num_envs_per_env_runner=E2E_ENVS_PER_RUNNER
+        )
+        for v in variants
+    }
     return train_interleaved(configs, iterations)
 
 
@@ -145,24 +145,22 @@ def train_interleaved(
     from rllib_amp.learner.env_runner import forget_rllib_env_ids
 
     algos: dict[str, Algorithm] = {}
-    variants = list(configs)
-    rates: dict[str, list[float]] = {v: [] for v in variants}
+
+    def rate(name: str) -> float:
+        t = time.perf_counter()
+        result = algos[name].train()
+        return float(result["env_runners"]["num_env_steps_sampled"] / (time.perf_counter() - t))
+
     try:
         for name, cfg in configs.items():
             forget_rllib_env_ids()  # the stock variants' runners re-register RLlib's env id
             algos[name] = cfg.build_algo()
-        for it in range(warmup + iterations):
-            for v in interleaved(variants, it):
-                t = time.perf_counter()
-                result = algos[v].train()
-                dt = time.perf_counter() - t
-                steps = result["env_runners"]["num_env_steps_sampled"]
-                if it >= warmup:  # the first iterations build and warm everything
-                    rates[v].append(float(steps / dt))
+        rates = interleaved_reps(list(configs), warmup + iterations, rate)
     finally:
         for a in algos.values():
             a.stop()
-    return rates
+    # The first iterations build and warm everything.
+    return {name: r[warmup:] for name, r in rates.items()}
 
 
 # -- figure 4: learning parity ----------------------------------------------------------------
@@ -175,34 +173,27 @@ def bench_parity(
     """
     import numpy as np
 
-    budgets = budgets or {name: run.env_steps for name, run in PARITY.items()}
-    out: dict[str, dict[str, list[float]]] = {}
-    for algo, budget in budgets.items():
-        out[algo] = {}
-        for v in variants:
-            returns = []
-            for seed in seeds:
-                cfg = algo_config(
-                    algo,
-                    PARITY_MODEL,
-                    v,
-                    "cpu",
-                    env=PARITY_ENV_ID,
-                    training=PARITY[algo].training,
-                    seed=seed,
-                )
-                a = cfg.build_algo()
-                buffer = getattr(a, "local_replay_buffer", None)
-                if buffer is not None:
-                    # RLlib seeds DQN's replay sampling with None even under
-                    # debugging(seed=...): pin it, so a seed means one result.
-                    buffer.rng = np.random.default_rng(seed)
-                try:
-                    result: dict[str, Any] = {}
-                    while result.get("num_env_steps_sampled_lifetime", 0) < budget:
-                        result = a.train()
-                    returns.append(float(result["env_runners"]["episode_return_mean"]))
-                finally:
-                    a.stop()
-            out[algo][v] = returns
-    return out
+    steps = budgets or {name: run.env_steps for name, run in PARITY.items()}
+
+    def final_return(algo: str, variant: str, seed: int) -> float:
+        training = PARITY[algo].training
+        cfg = algo_config(
+            algo, PARITY_MODEL, variant, "cpu", env=PARITY_ENV_ID, training=training, seed=seed
+        )
+        a = cfg.build_algo()
+        buffer = getattr(a, "local_replay_buffer", None)
+        if buffer is not None:
+            # RLlib seeds DQN's replay sampling with None even under debugging(seed=...): pin
+            # it, so a seed means one result.
+            buffer.rng = np.random.default_rng(seed)
+        try:
+            result: dict[str, Any] = {}
+            while result.get("num_env_steps_sampled_lifetime", 0) < steps[algo]:
+                result = a.train()
+            return float(result["env_runners"]["episode_return_mean"])
+        finally:
+            a.stop()
+
+    return {
+        algo: {v: [final_return(algo, v, s) for s in seeds] for v in variants} for algo in steps
+    }

@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -33,11 +32,11 @@ from typing import TYPE_CHECKING, NamedTuple, TypedDict
 from rllib_amp.bench.figures import WARMUP_ROUNDS, interleaved_reps
 from rllib_amp.bench.workloads import (
     LR,
-    Spaces,
     algo_config,
     on_cuda,
     sample_batch,
     seeded_learner,
+    update_fn,
 )
 
 if TYPE_CHECKING:
@@ -48,21 +47,13 @@ if TYPE_CHECKING:
 
 
 class FixedCostWorkload(NamedTuple):
-    """The tiny-network PPO update of the fixed-cost row.
+    """The tiny-network PPO update of the fixed-cost row."""
 
-    Attributes:
-        env: A vector-observation env (the network's arithmetic must be negligible).
-        hiddens: The MLP's hidden layers.
-        batch: Train batch per learner.
-        minibatch: SGD minibatch size.
-        epochs: The two epoch counts whose updates are differenced.
-    """
-
-    env: str
-    hiddens: tuple[int, ...]
-    batch: int
+    env: str  # a vector-observation env: the network's arithmetic must be negligible
+    hiddens: tuple[int, ...]  # the MLP's hidden layers
+    batch: int  # train batch per learner
     minibatch: int
-    epochs: tuple[int, int]
+    epochs: tuple[int, int]  # the two epoch counts whose updates are differenced
 
     def label(self) -> str:
         net = "x".join(str(h) for h in self.hiddens)
@@ -83,7 +74,7 @@ class FixedCostRecord(TypedDict):
 
 
 def fixed_cost_config(
-    variant: str, epochs: int, work: FixedCostWorkload = FIXED_COST
+    variant: str, epochs: int, work: FixedCostWorkload = FIXED_COST, device: str = "cpu"
 ) -> AlgorithmConfig:
     """The RLlib config of one variant (``workloads.VARIANTS_CPU`` / ``_GPU``) of the row.
 
@@ -91,30 +82,10 @@ def fixed_cost_config(
         >>> fixed_cost_config("amp-auto", 1).model_config["fcnet_hiddens"]
         [8]
     """
-    cfg = algo_config(
-        "PPO",
-        "mini",
-        variant,
-        "cpu",
-        env=work.env,
-        training={
-            "lr": LR,
-            "train_batch_size_per_learner": work.batch,
-            "minibatch_size": work.minibatch,
-            "num_epochs": epochs,
-        },
-    )
-    cfg.rl_module(model_config={**cfg.model_config, "fcnet_hiddens": list(work.hiddens)})
-    return cfg
-
-
-def build_fixed_cost_learner(
-    variant: str, device: str, spaces: Spaces, work: FixedCostWorkload = FIXED_COST
-) -> Learner:
-    """The learner of one variant, with the same initial weights for every variant."""
-    cfg = fixed_cost_config(variant, 1, work)
-    cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)
-    return seeded_learner(cfg, spaces)
+    training = {"lr": LR, "train_batch_size_per_learner": work.batch}
+    training.update(minibatch_size=work.minibatch, num_epochs=epochs)
+    cfg = algo_config("PPO", "mini", variant, device, env=work.env, training=training)
+    return cfg.rl_module(model_config={**cfg.model_config, "fcnet_hiddens": list(work.hiddens)})
 
 
 class StepCounter:
@@ -162,37 +133,22 @@ def timed_update(
     work: FixedCostWorkload,
     steps: StepCounter,
 ) -> tuple[float, int]:
-    """(seconds, minibatch steps) of one ``Learner.update`` over ``epochs`` (the batch copy
-    is not timed; ``steps`` is read before and after, outside the timed part).
+    """(seconds, minibatch steps) of one ``Learner.update`` over ``epochs`` (``update_fn``;
+    ``steps`` is read before and after, outside the timed part).
 
     On a GPU, wall time; on a CPU, the CPU time of this thread (the update runs on one torch
     thread): on cores shared with other jobs, wall time would also count the time the
     update waited for a core. Python's garbage collector is off while it runs.
     """
-    import torch
-
-    eps = copy.deepcopy(episodes)
-    cuda = on_cuda(learner)
-    clock = time.perf_counter if cuda else time.thread_time
-    if cuda:
-        torch.cuda.synchronize()
+    clock = time.perf_counter if on_cuda(learner) else time.thread_time
+    run = update_fn(learner, episodes, work.minibatch, epochs, clock)
     # As timeit does: a collection of the older generations, triggered by whatever allocated
     # last, would land in one update (and made a 1-epoch update slower than a 5-epoch one).
     gc.collect()
     before = steps()
     gc.disable()
     try:
-        t = clock()
-        learner.update(
-            episodes=eps,
-            timesteps={"num_env_steps_sampled_lifetime": 10_000},
-            minibatch_size=work.minibatch,
-            num_epochs=epochs,
-            shuffle_batch_per_epoch=True,
-        )
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = clock() - t
+        seconds = run()
     finally:
         gc.enable()
     return seconds, steps() - before
@@ -212,8 +168,12 @@ def bench_fixed_cost(
                    'per_step_s': 0.0018}, ...], 'amp-auto': [...]}
     """
     batch = sample_batch(fixed_cost_config("fp32", 1, work), work.batch)
-    episodes = batch["episodes"]
-    learners = {v: build_fixed_cost_learner(v, device, batch["spaces"], work) for v in variants}
+    episodes, spaces = batch["episodes"], batch["spaces"]
+    gpus = 1 if device == "cuda" else 0
+    learners = {
+        v: seeded_learner(fixed_cost_config(v, 1, work).learners(num_gpus_per_learner=gpus), spaces)
+        for v in variants
+    }
     counters = {v: StepCounter(lrn) for v, lrn in learners.items()}
     short, long = work.epochs
     for _ in range(WARMUP_ROUNDS):

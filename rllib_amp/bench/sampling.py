@@ -114,23 +114,19 @@ def measure_sampling(
         True
     """
     import torch
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    from rllib_amp.learner.env_runner import forget_rllib_env_ids
+    from rllib_amp.bench.workloads import stock_env_runner
 
-    runner_cls = config.env_runner_cls or SingleAgentEnvRunner
-    forget_rllib_env_ids()  # a stock runner after another in this process: no gymnasium warning
     threads_before = torch.get_num_threads()
     torch.set_num_threads(torch_threads or max(1, int(config.num_cpus_per_env_runner)))
-    runner = runner_cls(config=config)
     try:
-        runner.sample(num_timesteps=warmup_steps, random_actions=False)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        episodes = runner.sample(num_timesteps=env_steps, random_actions=False)
-        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-        steps = sum(len(e) for e in episodes)
+        with stock_env_runner(config, config.env_runner_cls) as runner:
+            runner.sample(num_timesteps=warmup_steps, random_actions=False)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            episodes = runner.sample(num_timesteps=env_steps, random_actions=False)
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+            steps = sum(len(e) for e in episodes)
     finally:
-        runner.stop()
         torch.set_num_threads(threads_before)
     return SamplingThroughput(env_steps=steps, seconds=seconds, cpu_seconds=cpu_seconds)
 

@@ -10,11 +10,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import pickle
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypedDict, TypeVar
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import gymnasium as gym
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
     from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.env.env_runner import EnvRunner
     from ray.rllib.utils.typing import EpisodeType
 
 # Module id -> (observation space, action space), as ``AlgorithmConfig.build_learner`` takes.
@@ -67,22 +69,13 @@ LR = 1e-4
 
 
 class Workload(NamedTuple):
-    """One benchmarked algorithm and the batch its timed learner update trains on.
+    """One benchmarked algorithm and the batch its timed learner update trains on."""
 
-    Attributes:
-        algorithm: A name in ``rllib_amp.algorithms.ALGORITHMS``.
-        batch: Train batch per learner, per device ("cpu", "cuda").
-        minibatch: SGD minibatch size; None for one step on the whole batch.
-        epochs: Passes over the batch per update.
-        on_policy: True: the batch is sampled by the policy; False: drawn from a replay
-            buffer filled with random actions.
-    """
-
-    algorithm: str
-    batch: Mapping[str, int]
-    minibatch: int | None
-    epochs: int
-    on_policy: bool
+    algorithm: str  # a name in rllib_amp.algorithms.ALGORITHMS
+    batch: Mapping[str, int]  # train batch per learner, per device ("cpu", "cuda")
+    minibatch: int | None  # SGD minibatch size; None: one step on the whole batch
+    epochs: int  # passes over the batch per update
+    on_policy: bool  # sampled by the policy, or drawn from a replay buffer of random actions
 
     def training(self, device: str) -> dict[str, object]:
         """``AlgorithmConfig.training`` keywords of this workload on ``device``."""
@@ -110,14 +103,12 @@ def _by_name(items: tuple[Entry, ...]) -> dict[str, Entry]:
         if record.name != item.algorithm:
             raise ValueError(f"bench: spell {item.algorithm!r} as in {list(ALGORITHMS)}")
         # The registry says whose learner splits batches into minibatches.
-        minibatch = getattr(item, "minibatch", None)
-        if isinstance(item, Workload) and (minibatch is not None) != record.minibatches:
+        splits = record.minibatches
+        if isinstance(item, Workload) and (item.minibatch is not None) != splits:
             raise ValueError(
-                f"bench: {item.algorithm} workload minibatch={minibatch!r}: "
-                f"{item.algorithm}'s learner "
-                f"{'splits' if record.minibatches else 'does not split'} batches into "
-                f"minibatches (rllib_amp.algorithms); give "
-                f"{'a minibatch size' if record.minibatches else 'minibatch=None'}"
+                f"bench: {item.algorithm} workload minibatch={item.minibatch!r}: {item.algorithm}'s"
+                f" learner {'splits' if splits else 'does not split'} batches into minibatches "
+                f"(rllib_amp.algorithms); give {'a minibatch size' if splits else 'minibatch=None'}"
             )
     return {item.algorithm: item for item in items}
 
@@ -211,23 +202,33 @@ def algo_config(
     return cfg
 
 
+@contextlib.contextmanager
+def stock_env_runner(cfg: AlgorithmConfig, cls: type[EnvRunner] | None = None) -> Iterator[Any]:
+    """A local EnvRunner of ``cfg`` (``cls``, default RLlib's SingleAgentEnvRunner), stopped
+    at the end."""
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    from rllib_amp.learner.env_runner import forget_rllib_env_ids
+
+    forget_rllib_env_ids()  # a stock runner after another in this process: no gymnasium warning
+    runner = (cls or SingleAgentEnvRunner)(config=cfg)
+    try:
+        yield runner
+    finally:
+        runner.stop()
+
+
 def sample_batch(cfg: AlgorithmConfig, env_steps: int, *, on_policy: bool = True) -> Batch:
     """A batch of ``env_steps`` env steps from a seeded local EnvRunner of ``cfg``: sampled by
     the policy (``on_policy``), or drawn from a replay buffer filled with random actions."""
     import torch
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
     from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
-
-    from rllib_amp.learner.env_runner import forget_rllib_env_ids
 
     cfg.debugging(seed=0)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    forget_rllib_env_ids()
-    runner = SingleAgentEnvRunner(config=cfg)
-    # The seeded runner switched torch's deterministic mode on for the whole process.
-    torch.use_deterministic_algorithms(deterministic)
-    try:
-        assert runner.env is not None
+    with stock_env_runner(cfg) as runner:
+        # The seeded runner switched torch's deterministic mode on for the whole process.
+        torch.use_deterministic_algorithms(deterministic)
         spaces = {
             "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
         }
@@ -240,8 +241,6 @@ def sample_batch(cfg: AlgorithmConfig, env_steps: int, *, on_policy: bool = True
             episodes = buffer.sample(  # type: ignore[assignment]
                 num_items=env_steps, n_step=1, gamma=0.99, sample_episodes=True
             )
-    finally:
-        runner.stop()
     return {"episodes": episodes, "spaces": spaces}
 
 
@@ -252,12 +251,8 @@ def collect_data(
     preprocessing: str | None = None,
     batch_size: int | None = None,
 ) -> None:
-    """Samples one fixed training batch (``sample_batch``) from Pong and pickles it to ``path``.
-
-    ``preprocessing``: the Atari path (see ``algo_config``); its observations are what the
-    batch holds (uint8 on the native path, float32 on the wrappers). ``batch_size``: env
-    steps in the batch (default: the workload's).
-    """
+    """Pickles to ``path`` one fixed training batch (``sample_batch``) from Pong, on the Atari
+    path ``preprocessing``, of ``batch_size`` env steps (default: the workload's)."""
     work = WORKLOADS[algo]
     cfg = algo_config(algo, "mini", "fp32", device, preprocessing=preprocessing)
     batch = sample_batch(cfg, batch_size or work.batch[device], on_policy=work.on_policy)
@@ -274,50 +269,41 @@ def seeded_learner(cfg: AlgorithmConfig, spaces: Spaces) -> Learner:
 
 
 def build_learner(
-    algo: str,
-    model: str,
-    variant: str,
-    device: str,
-    spaces: Spaces,
-    *,
-    tune_malloc: bool = True,
-    preprocessing: str | None = None,
+    algo: str, model: str, variant: str, device: str, spaces: Spaces, **config: Any
 ) -> Learner:
-    """The learner of one cell (``seeded_learner``)."""
-    cfg = algo_config(
-        algo, model, variant, device, tune_malloc=tune_malloc, preprocessing=preprocessing
-    )
-    return seeded_learner(cfg, spaces)
+    """The learner of one cell (``seeded_learner``); ``config``: ``algo_config``'s keywords."""
+    return seeded_learner(algo_config(algo, model, variant, device, **config), spaces)
 
 
 def on_cuda(learner: Learner) -> bool:
     return str(learner.device).startswith("cuda")
 
 
-def update_fn(algo: str, learner: Learner, episodes: list[EpisodeType]) -> Callable[[], float]:
-    """One timed learner update on a fresh copy of the batch (the copy is not timed)."""
+def update_fn(
+    learner: Learner,
+    episodes: list[EpisodeType],
+    minibatch: int | None,
+    epochs: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Callable[[], float]:
+    """One timed learner update (seconds on ``clock``) on a fresh copy of the batch (the copy
+    is not timed)."""
     import torch
 
-    work = WORKLOADS[algo]
     sync = torch.cuda.synchronize if on_cuda(learner) else lambda: None
 
     def run() -> float:
         eps = copy.deepcopy(episodes)
         sync()
-        t = time.perf_counter()
+        t = clock()
         learner.update(
             episodes=eps,
             timesteps={"num_env_steps_sampled_lifetime": 10_000},
-            minibatch_size=work.minibatch,
-            num_epochs=work.epochs,
-            shuffle_batch_per_epoch=work.minibatch is not None,
+            minibatch_size=minibatch,
+            num_epochs=epochs,
+            shuffle_batch_per_epoch=minibatch is not None,
         )
         sync()
-        return time.perf_counter() - t
+        return clock() - t
 
     return run
-
-
-def samples_per_update(algo: str, episodes: list[EpisodeType]) -> int:
-    """Samples one update trains on: the batch's env steps times the epochs over it."""
-    return sum(len(e) for e in episodes) * WORKLOADS[algo].epochs

@@ -39,7 +39,8 @@ def test_learner_update_on_gpu_is_finite_and_steps(dtype):
     variant = "amp-fp16" if dtype == "float16" else "amp-bf16"
     lrn = workloads.build_learner("PPO", "full", variant, "cuda", data["spaces"])
     assert str(lrn.device).startswith("cuda")
-    workloads.update_fn("PPO", lrn, data["episodes"])()
+    work = workloads.WORKLOADS["PPO"]
+    workloads.update_fn(lrn, data["episodes"], work.minibatch, work.epochs)()
     scaler = lrn.amp_scalers["default_policy"]
     assert scaler.optimizer_steps_lifetime > 0
     for p in lrn.module["default_policy"].parameters():

@@ -44,7 +44,7 @@ def test_the_steps_are_counted_from_what_the_learner_did():
     episodes, spaces = batch["episodes"], batch["spaces"]
     counted = {}
     for variant in ("fp32", "amp-auto"):
-        learner = fixed_cost.build_fixed_cost_learner(variant, "cpu", spaces, work)
+        learner = workloads.seeded_learner(fixed_cost.fixed_cost_config(variant, 1, work), spaces)
         (opt,) = [
             o for m, _ in learner.module.items() for _, o in learner.get_optimizers_for_module(m)
         ]
