@@ -62,17 +62,8 @@ _SECTIONS = ("training", "amp", "env_config", "model", "resources")
 
 
 def preflight(exp: Experiment) -> str:
-    """Runs every check; returns a one-line summary, raises ExperimentError on the first failure.
-
-    Example:
-        >>> from rllib_amp import experiment as E
-        >>> preflight(E.load("tune_configs/cartpole_ppo_amp.yaml", overrides=["env_config.foo=1"]))
-        Traceback (most recent call last):
-        rllib_amp.experiment.errors.ExperimentError: tune_configs/cartpole_ppo_amp.yaml:
-        env_config.foo: constructing CartPole-v1 with env_config failed (with ...): TypeError:
-        CartPoleEnv.__init__() got an unexpected keyword argument 'foo' ...; fix env_config.foo
-        (...)
-    """
+    """Runs every check; returns a one-line summary, raises ExperimentError on the first
+    failure (the module's example)."""
     points = sweep_points(exp.search)
     base = _trial(exp, points[0])
     config = _build(exp, base, points[0])
@@ -115,11 +106,9 @@ def _draws(sampler: Sampler, rng: random.Random) -> list[object]:
 
 
 def sweep_points(search: Mapping[str, Sampler], seed: int = 0) -> list[dict[str, object]]:
-    """The searched values to build configs from: dotted key -> value, one dict per config.
-
-    Every combination when there are at most ``MAX_FULL_PRODUCT``; otherwise every grid point
-    (up to ``MAX_POINTS``), with the other samplers' values cycled so each appears. Range
-    samplers give their edges and ``RANGE_DRAWS`` seeded draws.
+    """The searched values to build configs from: dotted key -> value, one dict per config;
+    every combination up to ``MAX_FULL_PRODUCT``, else every grid point (up to ``MAX_POINTS``)
+    with the other samplers' values cycled. Ranges give their edges and ``RANGE_DRAWS`` draws.
 
     Example:
         >>> s = {"seed": Sampler.parse({"grid": [0, 1]}), "amp.init_scale":
@@ -176,19 +165,7 @@ def _build(exp: Experiment, trial: Experiment, point: Mapping[str, object]) -> A
 
 # -- stop keys and the metric ---------------------------------------------------------------
 def check_result_keys(exp: Experiment, config: AlgorithmConfig) -> None:
-    """Refuses ``stop`` keys and a ``tune.metric`` that the algorithm never reports.
-
-    Example:
-        >>> from rllib_amp import experiment as E
-        >>> exp = E.load(
-        ...     "tune_configs/cartpole_ppo_amp.yaml", overrides=["stop.episode_reward_mean=1"]
-        ... )
-        >>> check_result_keys(exp, exp.algorithm_config())
-        Traceback (most recent call last):
-        rllib_amp.experiment.errors.ExperimentError: ...: stop.episode_reward_mean: PPO never
-        reports 'episode_reward_mean', so this stop would never trigger (did you mean
-        'env_runners/episode_return_mean'?); ...
-    """
+    """Refuses ``stop`` keys and a ``tune.metric`` that the algorithm never reports."""
     # Built from RLlib's metric names: imported here, so loading an experiment does not.
     from rllib_amp.experiment.results import catalog
 

@@ -3,14 +3,11 @@
 A ``stop`` key or ``tune.metric`` that no result carries is not an error to Tune: the sweep
 never stops, or every trial fails at its first result. ``catalog(name)`` says which keys an
 algorithm reports, so that ``preflight`` can refuse the others and name the nearest real key.
-
-The catalog is built from RLlib's own names (``ray.rllib.utils.metrics``, the constants of the
-algorithm's and learner's modules, the scopes RLlib nests them under), Tune's automatic keys
-and rllib-amp's per-module keys (``rllib_amp.learner.metrics``); what each algorithm adds is
-in its registry record (``rllib_amp.algorithms``). Where RLlib logs a key under a literal
-string, the literal is listed here. ``tests/cli/test_result_catalog.py`` runs a real iteration
-of each algorithm and checks both directions: every key of the result is accepted, and every
-key offered as a suggestion is really reported.
+It is built from RLlib's own names (``ray.rllib.utils.metrics``, the constants of the
+algorithm's and learner's modules), Tune's automatic keys, rllib-amp's per-module keys and
+what the algorithm's registry record adds; literals where RLlib logs a key under one.
+``tests/cli/experiment/test_results.py`` runs a real iteration of each algorithm: every key of
+the result is accepted, and every key offered as a suggestion is really reported.
 
 Example:
     >>> c = catalog("PPO")
@@ -138,12 +135,12 @@ ALL_MODULES_HEADLINES = (
 
 def _identifier_constants(modules: Iterable[object]) -> set[str]:
     """The values of the UPPER_CASE string constants of ``modules`` that look like key names."""
-    out: set[str] = set()
-    for module in modules:
-        for name, value in vars(module).items():
-            if name.isupper() and isinstance(value, str) and re.fullmatch(_NAME, value):
-                out.add(value)
-    return out
+    return {
+        value
+        for module in modules
+        for name, value in vars(module).items()
+        if name.isupper() and isinstance(value, str) and re.fullmatch(_NAME, value)
+    }
 
 
 def _rllib_modules(name: str) -> list[object]:
@@ -157,15 +154,9 @@ def _rllib_modules(name: str) -> list[object]:
 
 @dataclass(frozen=True)
 class ResultCatalog:
-    """The flattened result keys one algorithm reports (single-agent: one module, one agent).
-
-    Attributes:
-        algorithm: The algorithm's name.
-        top: Keys without a scope (``training_iteration``, ``num_env_steps_sampled_lifetime``).
-        scopes: First parts of scoped keys (``env_runners``, ``learners``, ...).
-        leaves: Names that may follow a scope.
-        suggestions: Concrete keys offered as "did you mean" (each one really reported).
-    """
+    """The flattened result keys one algorithm reports (single-agent: one module, one agent):
+    unscoped ``top`` keys, the ``scopes`` and the ``leaves`` that may follow one, and the
+    ``suggestions`` offered as "did you mean" (each one really reported)."""
 
     algorithm: str
     top: frozenset[str]
@@ -174,10 +165,8 @@ class ResultCatalog:
     suggestions: tuple[str, ...]
 
     def accepts(self, key: str, config_keys: Collection[str] = ()) -> bool:
-        """True when a result of this algorithm can carry ``key``.
-
-        ``config_keys``: the trial config's keys (``AlgorithmConfig.to_dict()``), for
-        ``config/<key>/...``: Tune puts the config on every result (with a ``class`` entry).
+        """True when a result of this algorithm can carry ``key``; ``config_keys`` (the trial
+        config's ``to_dict()`` keys) for ``config/<key>/...``, which Tune adds to every result.
 
         Example:
             >>> catalog("DQN").accepts("learners/default_policy/qf_loss")

@@ -57,8 +57,7 @@ TRAINING_NUMBERS: dict[str, tuple[tuple[type, ...], float, float | None]] = {
 
 
 def _training_parameters(cls: type[AlgorithmConfig]) -> Iterator[inspect.Parameter]:
-    """The keyword parameters of ``training`` in every class of ``cls``'s MRO, most derived
-    first (a name may come several times)."""
+    """``training``'s keyword parameters in ``cls``'s MRO, most derived first (with repeats)."""
     for klass in cls.__mro__:
         fn = vars(klass).get("training")
         for p in inspect.signature(fn).parameters.values() if fn else ():
@@ -72,18 +71,12 @@ def training_keys(cls: type[AlgorithmConfig]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p.name for p in _training_parameters(cls)))
 
 
-# Python types named by RLlib's type hints; a hint naming anything else is not checked here.
+# Python types named by RLlib's type hints (and by ``kinds_of``) -> the kind of YAML value.
+_KINDS = {bool: "bool", int: "int", float: "float", str: "str", Mapping: "mapping", list: "list"}
 _HINT_TYPES = {
-    "bool": "bool",
-    "int": "int",
-    "float": "float",
-    "str": "str",
-    "dict": "mapping",
-    "Dict": "mapping",
-    "list": "list",
-    "List": "list",
-    "tuple": "list",
-    "Tuple": "list",
+    **{t: t for t in ("bool", "int", "float", "str")},
+    **dict.fromkeys(("dict", "Dict"), "mapping"),
+    **dict.fromkeys(("list", "List", "tuple", "Tuple"), "list"),
 }
 _UNCHECKED_HINTS = re.compile(r"\b(Any|Callable|Type|ForwardRef|Space|Learner)\b|_empty")
 
@@ -95,28 +88,16 @@ def kinds_of(value: object) -> str:
         >>> kinds_of(True), kinds_of(3), kinds_of([[0, 1e-3]]), kinds_of({"a": 1})
         ('bool', 'int', 'list', 'mapping')
     """
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, Mapping):
-        return "mapping"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    return type(value).__name__
+    # bool before int (a bool is an int); a tuple is a list
+    kind = next((k for t, k in _KINDS.items() if isinstance(value, t)), None)
+    return kind or ("list" if isinstance(value, tuple) else type(value).__name__)
 
 
 @functools.cache
 def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
-    """``training`` key -> the kinds of value RLlib takes for it (e.g. {"int", "list"}).
-
-    Read from RLlib itself: the type hints of ``training`` in every class of ``cls``'s MRO
-    (they disagree: ``grad_clip`` is an int in one and a float in another, so all count) and
-    the type of the default value. Keys whose hints name callables or classes are left out.
+    """``training`` key -> the kinds of value RLlib takes for it (e.g. {"int", "list"}): the
+    type hints in every class of ``cls``'s MRO (they disagree: ``grad_clip`` is an int in one,
+    a float in another) and the default's type. Hints naming callables or classes are skipped.
 
     Example:
         >>> from rllib_amp.algorithms import algorithm
@@ -153,10 +134,8 @@ def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
 
 @functools.cache
 def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
-    """``training`` keys a YAML file must not set -> why: deprecated, or Python objects only.
-
-    RLlib ignores some deprecated keys with a log line (PPO's ``vf_share_layers`` now lives in
-    the model config): a file setting one would silently not get what it asks for.
+    """``training`` keys a YAML file must not set -> why: deprecated (RLlib ignores some with
+    a log line, e.g. PPO's ``vf_share_layers``), or Python objects only.
 
     Example:
         >>> from rllib_amp.algorithms import algorithm
