@@ -46,12 +46,9 @@ def _grads(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.Tensor]:
 def grads_are_finite(optimizers: Iterable[torch.optim.Optimizer]) -> bool:
     """True when no gradient of these optimizers holds an inf or nan (one host sync).
 
-    One fused ``torch._amp_foreach_non_finite_check_and_unscale_`` per device and dtype (the
-    kernel GradScaler's unscale_ runs, here with a factor of 1.0, which leaves every value as
-    it is), then one sync: for a tiny network one op instead of a reduction per tensor plus
-    a stack, several times faster; for the Nature CNN's 3.3M gradients about the same
-    (docs/performance.md, "Figures behind the code's thresholds"). Sparse gradients take one
-    ``isfinite`` reduction each.
+    GradScaler's own fused kernel, with a factor of 1.0, per device and dtype: for a tiny
+    network several times faster than a reduction per tensor (docs/performance.md, "Figures
+    behind the code's thresholds"). Sparse gradients take one ``isfinite`` each.
     """
     grads = _grads(optimizers)
     if not grads:
@@ -79,8 +76,7 @@ def grads_are_finite(optimizers: Iterable[torch.optim.Optimizer]) -> bool:
 def _recorded_found_inf(
     grad_scaler: torch.amp.GradScaler, optimizers: Iterable[torch.optim.Optimizer]
 ) -> bool | None:
-    """Whether the GradScaler's ``unscale_`` of ``optimizers`` met an inf/nan (one host
-    sync, no second pass over the gradients); None where its record cannot be read."""
+    """Whether GradScaler's ``unscale_`` of ``optimizers`` met an inf/nan; None unknown."""
     states = getattr(grad_scaler, "_per_optimizer_states", None)
     flags: list[torch.Tensor] = []
     for opt in optimizers:
@@ -96,12 +92,8 @@ def _recorded_found_inf(
 
 
 class _Scale:
-    """One torch GradScaler (the live scale and growth tracker) and who waits to update it.
-
-    Shared by several PolicyScalers under ``AmpSettings.shared_scaler``: ``update()`` runs
-    once per step, when the last member that unscaled gradients has stepped (or discarded
-    its step), so one overflow anywhere backs the scale off once.
-    """
+    """One GradScaler (live scale, growth tracker), shared under ``shared_scaler``: it
+    updates once per step, when the last member that unscaled has stepped or discarded."""
 
     def __init__(self, grad_scaler: torch.amp.GradScaler) -> None:
         self.grad_scaler = grad_scaler
@@ -158,14 +150,11 @@ class PolicyScaler:
             )
         self.optimizer_steps_lifetime = 0
         self.skipped_steps_lifetime = 0
-        # Skipped steps whose loss was already inf/nan before scaling: bad data, not overflow.
-        self.nonfinite_loss_steps_lifetime = 0
+        self.nonfinite_loss_steps_lifetime = 0  # skipped on a loss inf/nan before scaling
         # Consecutive updates above settings.skip_warning_fraction, and whether we warned.
         self.troubled_updates = 0
         self.warned = False
-        # Since the last ``pop_window()``: what the learner reports per update.
-        self._window_steps = 0
-        self._window_skipped = 0
+        self._window_steps = self._window_skipped = 0  # since the last pop_window()
         # What unscale_ found for the pending step; None: no unscale_ since the last step.
         self._found_inf: bool | None = None
         # ids of the optimizers torch's GradScaler unscaled since its last update().
@@ -186,10 +175,9 @@ class PolicyScaler:
     def unscale_(self, optimizers: list[torch.optim.Optimizer]) -> None:
         """Unscales the gradients in place and records whether any is inf/nan.
 
-        Call right after the backward, before gradient clipping: clipping by value turns
-        inf into a finite number and would hide the overflow. Call at most once per step
-        (``unscaled`` says if it was): torch's GradScaler refuses a second ``unscale_`` of
-        an optimizer before ``update()``.
+        Call right after the backward, before clipping (clipping by value would hide an
+        inf), at most once per step: GradScaler refuses a second ``unscale_`` before
+        ``update()``.
         """
         if self._found_inf is not None:
             raise RuntimeError(
@@ -217,13 +205,10 @@ class PolicyScaler:
     def step(self, optimizers: list[torch.optim.Optimizer], *, recheck: bool = False) -> bool:
         """Steps all ``optimizers`` unless a gradient is inf/nan. Returns True if skipped.
 
-        After ``unscale_`` (a scaled backward) this is the scaled step: skip on what unscale_
-        found, then ``update()`` the scale once. ``recheck``: the gradients were replaced
-        since ``unscale_`` looked at them, so they are checked again (an inf/nan there skips
-        the step but does not back the scale off). Without ``unscale_``, the gradients are
-        taken as true-scale (e.g. given to ``Learner.apply_gradients`` directly): they are
-        checked here, and the scale stays as it is. Weights and optimizer state of a skipped
-        step stay exactly as they were.
+        After ``unscale_``: skips on what it found, then updates the scale once
+        (``recheck``: the gradients were replaced since, so they are checked again, and an
+        inf/nan there does not back the scale off). Without ``unscale_`` the gradients are
+        true-scale: checked here, the scale untouched. A skipped step changes nothing.
         """
         after_unscale = self._found_inf is not None
         stepping = [opt for opt in optimizers if _grads([opt])]
@@ -248,11 +233,8 @@ class PolicyScaler:
         return bool(skipped)
 
     def discard_pending(self) -> None:
-        """Forgets an ``unscale_`` whose step never came (new gradients replace them).
-
-        torch's GradScaler allows one unscale per optimizer between two ``update()`` calls,
-        so the abandoned step still updates the scale: an overflow it found backs off.
-        """
+        """Forgets an ``unscale_`` whose step never came; the scale still updates (torch
+        allows one unscale per ``update()``), so an overflow it found backs off."""
         self._release_scale()
         self._found_inf = None
 
@@ -303,15 +285,8 @@ class PolicyScaler:
         }
 
     def load_state_dict(self, state: ScalerState) -> None:
-        """Continues from a saved state: same scale, growth tracker and counters.
-
-        What wins on a restore (PBT's exploit restores a donor's checkpoint into a recipient
-        whose settings may be mutated; docs/update-step.md): the live scale, the growth
-        tracker and the counters come from ``state``; growth_factor, backoff_factor and
-        growth_interval stay this run's settings; this run's init_scale is not used (it only
-        seeds a fresh scaler). A state saved without scaling (bfloat16) restores only the
-        counters.
-        """
+        """Continues from a saved state: its scale, growth tracker and counters; the factors
+        and interval stay this run's (PBT's rules, docs/update-step.md)."""
         self.load_counters(state)
         seed = saved_scale(state)
         if seed is not None:
@@ -325,12 +300,10 @@ class PolicyScaler:
         self.nonfinite_loss_steps_lifetime = int(state.get("nonfinite_loss_steps_lifetime", 0))
 
     def seed(self, scale: float, growth_tracker: int) -> None:
-        """Sets the live scale and growth tracker; this run's factors and interval stay.
+        """Sets the live scale and growth tracker (no-op without scaling).
 
-        The tracker is capped at ``growth_interval - 1``: torch grows the scale when the
-        tracker *equals* the interval, so a tracker saved under a longer interval would
-        otherwise never grow again; capped, the next clean step grows, as it would have.
-        A no-op without scaling (bfloat16).
+        The tracker is capped at ``growth_interval - 1``: torch grows when it *equals* the
+        interval, so one saved under a longer interval would never grow again.
 
         Example:
             >>> s = PolicyScaler(AmpSettings(growth_interval=10), "cpu", scaling=True)
@@ -372,10 +345,8 @@ def saved_scale(state: ScalerState) -> tuple[float, int] | None:
 def seed_scalers(
     scalers: Mapping[str, PolicyScaler], seeds: Mapping[str, tuple[float, int]]
 ) -> None:
-    """Seeds each scaler in ``seeds`` with its (scale, growth tracker).
-
-    Modules that share one scale get the smallest of their seeds (with its tracker): the
-    one scale must suit the module with the largest gradients, or that module overflows.
+    """Seeds each scaler in ``seeds``; modules sharing a scale get the smallest seed (the one
+    scale must suit the module with the largest gradients).
 
     Example:
         >>> a = PolicyScaler(AmpSettings(), "cpu", scaling=True)

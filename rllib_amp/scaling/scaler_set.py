@@ -3,23 +3,19 @@
 ``ScalerSet`` keeps a ``PolicyScaler`` per ModuleID and where the gradients stand between
 RLlib's three public gradient methods, so each works on its own as RLlib documents it:
 
-- ``compute_gradients(loss_per_module)``: the total loss is the sum of every value, as in
-  RLlib's ``TorchLearner``, and every module's parameters get that total's gradient times
-  their own module's scale. A loss keyed by a ModuleID is scaled by that module's scaler; a
-  loss under any other key (``ALL_MODULES``, "__all_modules__", or a name of your own) is a
-  loss over all modules. With one module, one scale shared by all (``shared_scaler``), or no
-  scaling (bfloat16), that is one backward of the sum, exactly RLlib's; with several float16
-  modules with scales of their own and such a shared loss, one backward per module
-  restricted to its parameters. Right after the backward, ``unscale`` unscales the
-  gradients in place and records inf/nan per module, before any clipping can hide it:
-  the gradients come back true-scale.
-- ``postprocess_gradients``: nothing to do here; the gradients are already true-scale.
-- ``apply_gradients(grads)``: every module with a gradient steps all its optimizers, or
-  none when one gradient is inf/nan; each live scale then updates once (a scale shared by
-  several modules backs off if any of them overflowed). Gradients that never went through
-  a scaled backward (given by the caller), or that replaced the computed ones, are checked
-  the same way and leave the scale as it is. A skip is counted, and logged when it is not
-  a float16 overflow.
+- ``compute_gradients(loss_per_module)``: every module's parameters get the gradient of the
+  sum of all losses (RLlib's total) times their own module's scale; a loss under a key that
+  is no ModuleID (``ALL_MODULES``, a name of your own) is over all modules. With one scale
+  for all (one module, ``shared_scaler``, bfloat16) that is RLlib's one backward; with
+  several float16 scales and such a shared loss, one backward per module, restricted to its
+  parameters. ``unscale`` then unscales in place and records inf/nan per module, before any
+  clipping can hide it.
+- ``postprocess_gradients``: nothing to do; the gradients are already true-scale.
+- ``apply_gradients(grads)``: each module with a gradient steps all its optimizers, or none
+  on an inf/nan; each live scale then updates once (a shared one backs off if any module
+  overflowed). Gradients the caller gave, or that replaced the computed ones, are checked
+  the same way and leave the scale as it is. A skip is counted, and logged unless it is a
+  float16 overflow.
 
 Example:
     >>> import torch
@@ -89,10 +85,8 @@ class ScalerSet:
     def scaled_losses(
         self, loss_per_module: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor] | None:
-        """The losses to hand RLlib's ``compute_gradients`` (one backward of their sum).
-
-        None when several float16 modules share a loss: then call ``backward_per_module``.
-        """
+        """The losses to hand RLlib's ``compute_gradients``; None when several float16
+        modules share a loss (then call ``backward_per_module``)."""
         self._begin(loss_per_module)
         scaling = any(s.scaling for s in self.scalers.values())
         if not scaling:
@@ -113,13 +107,9 @@ class ScalerSet:
         *,
         zero: Iterable[torch.optim.Optimizer],
     ) -> None:
-        """Each module's parameters get the total loss's gradient times its own scale.
-
-        Zeroes the gradients of the ``zero`` optimizers first (all of the learner's, as
-        RLlib's compute_gradients does). One backward per module, restricted to the
-        parameters of its ``optimizers`` (autograd skips the parts of the graph that do not
-        reach them); the graph is kept until the last one.
-        """
+        """Each module's parameters get the total loss's gradient times its own scale: one
+        backward per module, restricted to its parameters, after zeroing the ``zero``
+        optimizers (all of the learner's, as RLlib does)."""
         for opt in zero:
             opt.zero_grad(set_to_none=True)
         total = sum(loss_per_module.values())
@@ -156,11 +146,8 @@ class ScalerSet:
         self._scaled = set()
 
     def unscale(self, optimizers: Optimizers) -> None:
-        """Unscales what is still scaled, in place, and records inf/nan per module.
-
-        Once per module per backward: a module already unscaled is left alone, so a second
-        call never divides by the scale twice (nor trips torch's one-``unscale_`` rule).
-        """
+        """Unscales what is still scaled, in place, and records inf/nan per module; a
+        module already unscaled is left alone (never divided twice)."""
         for mid, scaler in self.scalers.items():
             if mid in self._scaled:
                 scaler.unscale_(optimizers.get(mid, []))
@@ -169,9 +156,7 @@ class ScalerSet:
     # -- apply_gradients -------------------------------------------------------------------
     def step(self, optimizers: Optimizers, *, replaced: bool = False) -> None:
         """Steps every module with gradients, or skips it on inf/nan (counted and logged).
-
-        ``replaced``: the caller's gradients are not the tensors the backward wrote (and
-        ``unscale`` checked), so they are checked again and reported as given gradients.
+        ``replaced``: not the gradients the backward wrote; checked again, reported as given.
         """
         self.unscale(optimizers)
         given = replaced or self._losses is None

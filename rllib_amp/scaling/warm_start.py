@@ -2,17 +2,14 @@
 
 ``AmpSettings.warm_start = {"from": CHECKPOINT, "modules": {new_id: old_id}}`` (YAML
 ``amp.warm_start``, ``with_amp(cfg, warm_start=...)``). When the learner builds its modules,
-each module's scale and growth tracker are set from the scaler state of ``old_id`` saved in
-that checkpoint; weights and optimizer state are untouched (load those with RLlib if wanted).
-Typical uses: the next stage of a curriculum, a new task's module, a rerun that should not
-spend its first updates backing off from 65536.
+each module's scale and growth tracker are set from ``old_id``'s saved scaler state; weights
+and optimizer state are untouched. For the next stage of a curriculum, a new task's module, a
+rerun that should not spend its first updates backing off from 65536.
 
-Only the learner's state file is read (``learner_group/learner/state.pkl`` of an Algorithm
-checkpoint, or ``state.pkl`` of a learner folder; ``.msgpack`` too), on the learner's
-machine; local paths and URIs (``s3://``, ``gs://``, ``file://``) through pyarrow. Like a
-path in RLlib's ``RLModuleSpec.load_state_path``, the checkpoint must stay readable while
-the run may be rebuilt (restores, PBT, fault tolerance); after a restore, the restored
-checkpoint's own scaler state wins over the warm start.
+Only the learner's state file is read (``learner_group/learner/state.pkl``, or ``state.pkl``
+of a learner folder; ``.msgpack`` too), on the learner's machine, from a local path or URI.
+As with RLlib's ``RLModuleSpec.load_state_path``, the checkpoint must stay readable while the
+run may be rebuilt (restores, PBT); after a restore, the restored scaler state wins.
 
 Example:
     >>> from rllib_amp import with_amp
@@ -83,17 +80,6 @@ def learner_state_file(path: str) -> str | None:
     return None
 
 
-def _read_verified(path: str, file: str) -> object:
-    """The learner state in ``file``, after the checks a restore applies to its checkpoint:
-    the manifest's sizes and sha256, every file parsing, finite weights and optimizer state.
-    """
-    fs, base = resolve(path)
-    folder = base if is_dir(fs, base) else posixpath.dirname(base)
-    verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False, for_rllib=False)
-    fs, fs_file = resolve(file)
-    return decode(fs_file, read_bytes(fs, fs_file))
-
-
 def read_scaler_states(path: str) -> dict[str, ScalerState]:
     """ModuleID -> saved PolicyScaler state of the checkpoint at ``path``.
 
@@ -133,7 +119,11 @@ def _read_scaler_states(path: str, where: str) -> dict[str, ScalerState]:
             f"checkpoint folder (checkpoint_NNNNNN) or its learner_group/learner folder"
         )
     try:
-        state = _read_verified(path, file)
+        # The checks a restore applies to the whole checkpoint, then the learner state.
+        folder = base if is_dir(fs, base) else posixpath.dirname(base)
+        verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False, for_rllib=False)
+        file_fs, fs_file = resolve(file)
+        state = decode(fs_file, read_bytes(file_fs, fs_file))
     except CheckpointError as e:
         raise ValueError(
             f"{where}: {e.path}: checkpoint file {e.problem}; warm-start from another "
@@ -185,18 +175,6 @@ def _check_saved_scales(file: str, saved: object) -> None:
             )
 
 
-def _with_scale(saved: Mapping[str, ScalerState]) -> dict[str, tuple[float, int]]:
-    out = {}
-    for module_id, state in saved.items():
-        try:
-            seed = saved_scale(state)
-        except ValueError:  # not a PolicyScaler state (another version): nothing to seed
-            seed = None
-        if seed is not None:
-            out[str(module_id)] = seed
-    return out
-
-
 def warm_start_seeds(
     warm: WarmStart, module_ids: Iterable[str] | None = None
 ) -> dict[str, tuple[float, int]]:
@@ -215,7 +193,8 @@ def warm_start_seeds(
         ValueError: amp.warm_start.from: '/no/such/checkpoint' does not exist; ...
     """
     saved = read_scaler_states(warm.path)
-    scales = _with_scale(saved)
+    # Checked states: saved_scale raises on none of them; None for a bfloat16 module.
+    scales = {str(m): seed for m, st in saved.items() if (seed := saved_scale(st)) is not None}
     if not scales:
         raise ValueError(
             f"{WHERE}.from: {warm.path!r} holds no loss scale: its modules "
