@@ -1,13 +1,9 @@
-"""The sweep's answer per setting: trials grouped by their searched values, statistics over
-their seeds, a rank, a tie rule and one line on what separates the settings.
-
-A setting is one combination of searched values (``seed`` aside); its trials are its seeds.
-Each group has the Tune metric's mean and 95% Student-t interval over its seeds and, when
-``stop`` sets a threshold on the metric, the env steps to it: a seed that never got there
-counts as the steps it was allowed (the stop's env-step budget, else the steps it ran), a
-lower bound, so that a setting cannot look fast because only its lucky seeds are counted.
-Groups are ranked by the steps to the target when there is one, else by the metric; a group
-whose interval overlaps the best group's is **tied** with it (docs/cli.md).
+"""The sweep's answer per setting (a combination of searched values; its trials are its seeds):
+the Tune metric's mean and 95% Student-t interval over the seeds and, with a target in ``stop``,
+the env steps to it, a seed that never got there counted as the steps it was allowed (a lower
+bound: a setting cannot look fast by counting only its lucky seeds). Ranked by the steps when
+there is a target, else by the metric; a group whose interval overlaps the best's is **tied**
+(docs/cli.md), and one line says which searched key separates the settings.
 
 Example:
     >>> rows = [{"amp.growth_interval": g, "seed": s, "status": "DONE", "m": m,
@@ -57,7 +53,7 @@ class Interval:
     n: int
 
     def bounds(self) -> tuple[float, float] | None:
-        """(lo, hi); a single value's point; None without values."""
+        """(lo, hi); a single value's point."""
         if self.mean is None:
             return None
         return (self.mean, self.mean) if self.lo is None or self.hi is None else (self.lo, self.hi)
@@ -71,7 +67,7 @@ class Interval:
 
 
 def interval(values: Sequence[object], confidence: float = 0.95) -> Interval:
-    """The mean of ``values`` and its Student-t interval (non-finite values left out)."""
+    """The mean of the finite ``values`` and its Student-t interval."""
     xs = [x for x in map(finite, values) if x is not None]
     if len(xs) < 2:
         return Interval(xs[0], None, None, 1) if xs else Interval(None, None, None, 0)
@@ -96,7 +92,6 @@ class Group:
     skipped_steps: float | None
     settled_scale: float | None
     scale_swing: float | None
-    lower_is_better: bool
     rank: int = 0
     tied: bool = False
 
@@ -111,15 +106,14 @@ class Group:
 
     @property
     def skip_percent(self) -> str:
-        """The share of optimizer steps skipped, ``11.0%``; ``-`` without one."""
         return "-" if self.skip_fraction is None else f"{100 * self.skip_fraction:.1f}%"
 
     def label(self) -> str:
-        """``init_scale=1024, growth_interval=10``: the setting in words."""
+        """``init_scale=1024, growth_interval=10``."""
         return ", ".join(f"{_leaf(k)}={_typed(v)}" for k, v in self.values.items()) or "all"
 
     def as_row(self, metric_name: str) -> dict[str, object]:
-        """The group as one row of ``groups.parquet``."""
+        """One row of ``groups.parquet``."""
         steps: dict[str, object] = {}
         if self.steps is not None:
             steps = {
@@ -149,15 +143,11 @@ def _key(v: object) -> object:
 def _steps_to_target(
     trials: Sequence[Row], steps_key: str, budget: float | None
 ) -> tuple[Interval, int]:
-    """The env steps to the target over ``trials``, a seed that never got there counted as
-    the steps it was allowed; and how many got there."""
+    """The env steps to the target (a seed that never got there counted as the steps it was
+    allowed) and how many got there."""
     hits = [finite(t.get(steps_key)) for t in trials]
-    counted = [
-        max((v for v in (budget, finite(t.get("env_steps"))) if v is not None), default=None)
-        if hit is None
-        else hit
-        for hit, t in zip(hits, trials)
-    ]
+    allowed = [[v for v in (budget, finite(t.get("env_steps"))) if v is not None] for t in trials]
+    counted = [hit if hit is not None else max(a, default=None) for hit, a in zip(hits, allowed)]
     return interval(counted), sum(hit is not None for hit in hits)
 
 
@@ -170,13 +160,9 @@ def group(
     steps_key: str | None = None,
     budget: float | None = None,
 ) -> list[Group]:
-    """Groups the summary's per-trial ``rows`` by their values at ``keys`` (``seed`` is
-    never a group key), ranked best first, with ``tied`` set.
-
-    ``steps_key``: the row key of the env steps to the stop's target (None: no target; the
-    rank is by the metric, in ``mode``). ``budget``: the stop's env-step budget, which a seed
-    that never reached the target counts as (else its own final env steps).
-    """
+    """The summary's ``rows`` grouped by their values at ``keys`` (never ``seed``), ranked,
+    ``tied`` set. ``steps_key``: the row key of the env steps to the stop's target (None: the
+    rank is by the metric, in ``mode``); ``budget``: the stop's env-step budget."""
     keys = [k for k in keys if k != "seed"]
     by_setting: dict[tuple[object, ...], list[Row]] = {}
     for r in rows:
@@ -204,25 +190,15 @@ def group(
                 skipped_steps=_over(finished, "skipped_steps", statistics.fmean),
                 settled_scale=_over(finished, "settled_scale", statistics.median),
                 scale_swing=_over(finished, "scale_swing", statistics.median),
-                lower_is_better=steps_key is not None or mode == "min",
             )
         )
-    return rank(groups)
-
-
-def _over(trials: Sequence[Row], key: str, stat: Callable[[list[float]], float]) -> float | None:
-    """``stat`` (mean, median) of the finite numbers at ``key`` of the trials, if any."""
-    xs = [v for v in (finite(t.get(key)) for t in trials) if v is not None]
-    return stat(xs) if xs else None
-
-
-def rank(groups: list[Group]) -> list[Group]:
-    """Sorts best first by the ranked interval's mean (groups without one last), numbers
-    them and marks those whose interval overlaps the best's as tied."""
+    # Best first by the ranked interval's mean (groups without one last); tied: overlapping
+    # the best's interval.
+    lower_is_better = steps_key is not None or mode == "min"
 
     def order(g: Group) -> tuple[bool, float]:
         m = g.ranked.mean
-        return (True, 0.0) if m is None else (False, m if g.lower_is_better else -m)
+        return (True, 0.0) if m is None else (False, m if lower_is_better else -m)
 
     groups.sort(key=order)
     for i, g in enumerate(groups, 1):
@@ -231,18 +207,18 @@ def rank(groups: list[Group]) -> list[Group]:
     return groups
 
 
+def _over(trials: Sequence[Row], key: str, stat: Callable[[list[float]], float]) -> float | None:
+    xs = [v for v in (finite(t.get(key)) for t in trials) if v is not None]
+    return stat(xs) if xs else None
+
+
 def single_seed(groups: Sequence[Group]) -> bool:
-    """True when no group has two seeds: no interval, every answer rests on one run each."""
     return all(g.ranked.n < 2 for g in groups)
 
 
 def finding(groups: Sequence[Group]) -> str:
-    """One line on what the sweep found: the searched key whose values split the groups'
-    intervals apart, or that nothing separates the groups.
-
-    A key decides when, for each of its values, the envelope of the intervals of the groups
-    with that value is disjoint from every other value's envelope.
-    """
+    """One line on what the sweep found. A searched key decides when the envelopes of the
+    intervals of the groups with each of its values are disjoint."""
     ranked = [g for g in groups if g.ranked.bounds() is not None]
     if not ranked:
         return "Nothing to compare: no setting reported the metric."
@@ -307,7 +283,6 @@ def _typed(v: object) -> str:
 
 
 def format_table(groups: Sequence[Group], metric: str) -> str:
-    """The printed table: one line per setting, best first, tied groups marked."""
     if not groups:
         return "(no trials)"
     keys = list(groups[0].values)
@@ -329,8 +304,7 @@ def format_table(groups: Sequence[Group], metric: str) -> str:
 
 
 def of_experiment(exp: Experiment, rows: Sequence[Row]) -> list[Group]:
-    """``group`` with what the experiment says: its searched keys, metric, mode, target and
-    env-step budget."""
+    """``group`` with the experiment's searched keys, metric, mode, target and budget."""
     threshold = target(exp)
     return group(
         rows,
@@ -343,9 +317,8 @@ def of_experiment(exp: Experiment, rows: Sequence[Row]) -> list[Group]:
 
 
 def report(exp: Experiment, rows: Sequence[Row], exp_dir: str) -> list[Group]:
-    """Prints the per-setting summary and what the sweep found, writes ``groups.parquet``
-    into ``exp_dir`` (a path or URI) and prints where; returns the groups (``figure.report``
-    draws them). ``rows``: ``summary.summarize``'s per-trial rows."""
+    """Prints the groups and the finding, writes ``groups.parquet`` into ``exp_dir`` (a path or
+    URI) and says where; returns the groups (``figure.report`` draws them)."""
     groups = of_experiment(exp, rows)
     metric = exp.tune["metric"]
     by = "env steps to the target" if groups and groups[0].steps is not None else metric
