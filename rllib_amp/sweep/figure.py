@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from rllib_amp import fs as files
 from rllib_amp.learner import metrics as amp_metrics
 from rllib_amp.sweep.groups import Group
+from rllib_amp.sweep.summary import SCALE_KEY as SCALE
 from rllib_amp.sweep.summary import STEPS_KEY, amp_metric_key, history, target
 
 if TYPE_CHECKING:
@@ -32,13 +33,11 @@ if TYPE_CHECKING:
     from rllib_amp.experiment import Experiment
 
 FILE = "sweep.png"
-SCALE = amp_metric_key(amp_metrics.GRAD_SCALE)
 SKIP = amp_metric_key(amp_metrics.SKIP_FRACTION)
 
 
 def curves(grid: Iterable[Result], keys: Sequence[str]) -> dict[str, dict[str, list[float]]]:
-    """trial_id -> {column: values} of each trial's result history, for ``keys`` and the env
-    steps; trials without a history are left out."""
+    """trial_id -> {column: values} of each trial's history, for ``keys`` and the env steps."""
     out = {}
     for result in grid:
         frame = history(result)
@@ -65,12 +64,7 @@ def _band(
     if not clean:
         return [np.array([])] * 4
     grid = np.unique(np.concatenate([x for x, _ in clean]))
-    seeds = np.array(
-        [
-            np.where((x[0] <= grid) & (grid <= x[-1]), np.interp(grid, x, y), np.nan)
-            for x, y in clean
-        ]
-    )
+    seeds = np.array([np.interp(grid, x, y, left=np.nan, right=np.nan) for x, y in clean])
     return [grid, np.nanmean(seeds, 0), np.nanmin(seeds, 0), np.nanmax(seeds, 0)]
 
 
@@ -81,7 +75,7 @@ def build(
     metric: str,
     threshold: float | None = None,
 ) -> Figure:
-    """The three-panel matplotlib Figure of ``groups`` from the trials' ``curves``."""
+    """The three panels of ``groups`` from the trials' ``curves``."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(15, 4.6), layout="constrained")
@@ -119,15 +113,14 @@ def build(
 
 
 def write(fig: Figure, location: str) -> None:
-    """Writes ``fig`` as a PNG to ``location``: a local path or a storage URI."""
+    """To a local path or a storage URI."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     files.write_bytes(*files.resolve(location), buffer.getvalue())
 
 
 def report(exp: Experiment, groups: Sequence[Group], grid: Iterable[Result], exp_dir: str) -> str:
-    """Draws and writes ``sweep.png`` into ``exp_dir``; returns the line saying where (or why
-    there is no figure)."""
+    """Writes ``sweep.png`` into ``exp_dir``; returns the line saying where (or why not)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
