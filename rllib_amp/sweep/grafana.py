@@ -35,8 +35,7 @@ RAY_DEFAULT_DASHBOARD = "default_grafana_dashboard.json"
 
 def grafana_dashboard_dir(session_dir: str | None = None) -> str | None:
     """The folder Ray's Grafana provisioning reads dashboards from on this node, or None."""
-    explicit = os.environ.get(GRAFANA_OUTPUT_DIR_ENV)
-    if explicit:
+    if explicit := os.environ.get(GRAFANA_OUTPUT_DIR_ENV):
         return explicit
     if session_dir is None:
         import ray
@@ -67,8 +66,7 @@ def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> s
     folder = grafana_dashboard_dir(session_dir)
     if folder is None:
         return None
-    blocker = _file_in_the_way(folder)
-    if blocker is not None:  # Ray cannot write there either: waiting for it would be in vain
+    if blocker := _file_in_the_way(folder):  # Ray cannot write there either: no use waiting
         _not_installed(folder, f"{blocker} is a file, not a folder")
         return None
     if not os.environ.get(GRAFANA_OUTPUT_DIR_ENV):
@@ -88,7 +86,7 @@ def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> s
 
 
 def _file_in_the_way(folder: str) -> str | None:
-    """The nearest existing path at or above ``folder`` when it is no folder, else None."""
+    """The nearest existing path at or above ``folder`` when it is no folder."""
     path = Path(os.path.abspath(folder))
     existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), path)
     return None if existing.is_dir() else str(existing)

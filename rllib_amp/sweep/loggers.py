@@ -38,10 +38,6 @@ def wandb_project(name: str) -> str:
     return name
 
 
-# wandb.init arguments read from this command's environment (the variables wandb itself reads).
-WANDB_ENV_ARGS = {"WANDB_MODE": "mode", "WANDB_DIR": "dir"}
-
-
 def wandb_callbacks(project: str | None) -> list[Callback]:
     """[Tune's WandbLoggerCallback for ``project``], or [] without a project.
 
@@ -54,7 +50,6 @@ def wandb_callbacks(project: str | None) -> list[Callback]:
         return []
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    kwargs: dict[str, Any] = {
-        arg: os.environ[var] for var, arg in WANDB_ENV_ARGS.items() if os.environ.get(var)
-    }
+    init_args = {"WANDB_MODE": "mode", "WANDB_DIR": "dir"}  # the variables wandb itself reads
+    kwargs: dict[str, Any] = {a: os.environ[v] for v, a in init_args.items() if os.environ.get(v)}
     return [WandbLoggerCallback(project=project, **kwargs)]

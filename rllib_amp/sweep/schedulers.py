@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from ray.tune.schedulers import TrialScheduler
 
 ConfigPath = Callable[[str, dict[str, Any]], tuple[str, ...]]
-# ASHA stops a trial no earlier than this many iterations.
-ASHA_GRACE_PERIOD = 2
 
 
 def nest(flat: Mapping[tuple[str, ...], object]) -> dict[str, Any]:
@@ -75,13 +73,12 @@ def scheduler(exp: Experiment, config_path: ConfigPath) -> TrialScheduler | None
     """The Tune scheduler ``exp.tune['scheduler']`` names (None for fifo)."""
     from ray import tune
 
-    t = exp.tune
-    if t["scheduler"] == "asha":
-        return tune.schedulers.ASHAScheduler(grace_period=ASHA_GRACE_PERIOD)
-    if t["scheduler"] != "pbt":
+    if exp.tune["scheduler"] == "asha":
+        return tune.schedulers.ASHAScheduler(grace_period=2)  # no trial stopped before iteration 2
+    if exp.tune["scheduler"] != "pbt":
         return None
     sample = exp.algorithm_config().to_dict()
-    pbt = t["pbt"]
+    pbt = exp.tune["pbt"]
     bounds = builder.mutation_bounds(exp.data)
     return tune.schedulers.PopulationBasedTraining(
         # metric and mode come from the TuneConfig (Tune refuses them twice).
