@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -21,8 +23,6 @@ from types import FrameType
 from typing import NoReturn
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-# 128 + SIGINT, what a shell reports for a command ended by Ctrl-C.
-EXIT_INTERRUPTED = 130
 
 
 def signal_exit_status(signum: int) -> int:
@@ -64,17 +64,14 @@ LOOPBACK_RAY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def local_ray_on_loopback(argv: Sequence[str]) -> bool:
-    """For a command's ``__main__``, before ray is imported: a Ray the command starts in its own
-    process (no ``--address``, no ``RAY_ADDRESS``) listens on 127.0.0.1 only; nothing joins
-    it, so nothing needs it on the network. A command that joins a cluster is left as Ray
-    sets it (the switch at "0" would refuse to join a multi-node cluster). True when set.
+    """For a command's ``__main__``, before ray is imported: a Ray the command starts itself
+    (no ``--address``, no ``RAY_ADDRESS``) listens on 127.0.0.1 only, as nothing joins it; one
+    that joins a cluster is left alone (at "0" Ray refuses a multi-node cluster). True if set.
 
     Example:
         >>> local_ray_on_loopback(["--addr", "127.0.0.1:6379"])  # argparse takes "--addr"
         False
     """
-    import os
-
     # argparse takes any unambiguous prefix of a flag: "--ad" and longer are --address.
     joins = any(len(f) >= 4 and "--address".startswith(f) for f in (a.split("=")[0] for a in argv))
     if joins or os.environ.get("RAY_ADDRESS") or "ray" in sys.modules:
@@ -84,8 +81,8 @@ def local_ray_on_loopback(argv: Sequence[str]) -> bool:
 
 
 def may_end_process() -> bool:
-    """Whether rllib_amp may end the process itself (``os._exit``), asked by the thread that
-    runs the command: only in the main thread of a ``python -m rllib_amp...`` process.
+    """Whether rllib_amp may end the process itself (``os._exit``): only in the main thread
+    of a ``python -m rllib_amp...`` process.
 
     Example:
         >>> may_end_process()  # a library call
@@ -95,10 +92,8 @@ def may_end_process() -> bool:
 
 
 def end_process_now(status: int) -> NoReturn:
-    """Flushes stdout and stderr, then ends the process with ``status`` (``os._exit``: no exit
-    handler runs). Only for a command's own process (``may_end_process``)."""
-    import os
-
+    """Flushes stdout and stderr, then ``os._exit(status)`` (no exit handler runs). Only for
+    a command's own process (``may_end_process``)."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -118,12 +113,8 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def silence_closed_terminal() -> None:
     """After SIGHUP: what the command still prints goes nowhere instead of failing on the
-    closed terminal (``OSError: [Errno 5] Input/output error`` in the middle of the summary).
-    Only standard streams on a character device are redirected: a hung-up terminal is no
-    longer ``isatty``, files and pipes are kept."""
-    import os
-    import stat
-
+    closed terminal (``OSError: [Errno 5]`` mid-summary). Only standard streams on a character
+    device (a hung-up terminal is no longer ``isatty``) are redirected; files and pipes stay."""
     with open(os.devnull, "w") as devnull:
         null = os.fstat(devnull.fileno()).st_rdev
         for fd in (1, 2):
@@ -135,10 +126,9 @@ def silence_closed_terminal() -> None:
 
 @contextlib.contextmanager
 def signals_as_interrupts() -> Iterator[None]:
-    """Within it, SIGTERM and SIGHUP raise ``Interrupted`` as Ctrl-C raises KeyboardInterrupt,
-    so that each ends the command through its ``finally`` blocks (locks released, one line)
-    instead of killing it on the spot. Only in the main thread, and only for a signal without
-    a handler (a caller's own one is kept)."""
+    """Within it, SIGTERM and SIGHUP raise ``Interrupted`` as Ctrl-C raises KeyboardInterrupt:
+    the command ends through its ``finally`` blocks, not on the spot. Only in the main
+    thread, for a signal without a handler of the caller's."""
     main_thread = threading.current_thread() is threading.main_thread()
     installed = [s for s in STOP_SIGNALS if main_thread and signal.getsignal(s) is signal.SIG_DFL]
     for s in installed:
@@ -158,16 +148,14 @@ def interrupted_line(prog: str, e: BaseException) -> tuple[str, int]:
         ('prog: stopped by SIGTERM', 143)
     """
     signum = getattr(e, "signum", signal.SIGINT)
-    if signum == signal.SIGINT:
-        return f"{prog}: interrupted", EXIT_INTERRUPTED
-    return f"{prog}: stopped by {signal.Signals(signum).name}", signal_exit_status(signum)
+    what = "interrupted" if signum == signal.SIGINT else "stopped by " + signal.Signals(signum).name
+    return f"{prog}: {what}", signal_exit_status(signum)
 
 
 @contextlib.contextmanager
 def interrupts_as_exit(prog: str) -> Iterator[None]:
-    """For a command's imports, before ``main_wrapper`` runs: Ctrl-C or SIGTERM while its
-    modules load (pyarrow, numpy: a second or more) is one line and exit 130 or 143, not a
-    ``KeyboardInterrupt`` traceback."""
+    """For a command's imports, before ``main_wrapper``: Ctrl-C or SIGTERM while its modules
+    load is one line and exit 130 or 143, not a ``KeyboardInterrupt`` traceback."""
     try:
         with signals_as_interrupts():
             yield
@@ -195,8 +183,7 @@ def main_wrapper(
     errors: tuple[type[BaseException], ...] = (),
 ) -> int:
     """Runs ``run(argv)``; UsageError and ``errors`` become ``prog: error: ...`` and exit 2,
-    Ctrl-C (KeyboardInterrupt) one line and exit 130, SIGTERM one line and exit 143: the
-    shells' status for a command those signals end."""
+    Ctrl-C and SIGTERM one line and the shells' exit status (130, 143)."""
     caught: tuple[type[BaseException], ...] = (UsageError, *errors)
     try:
         with signals_as_interrupts():
