@@ -57,19 +57,16 @@ class Recommendation:
         return f"# {self.reason}\n# apply with: {self.as_set_flags()}\n{body}"
 
     def as_set_flags(self) -> str:
-        """The same settings as ``--set`` flags for ``python -m rllib_amp.tune``, each value
-        written as YAML (it reads back as the same value) and quoted for a POSIX shell.
-
-        A flag on a key the experiment searches replaces that search entry (and the command
-        says so), so the flags applied to the experiment that produced them run these values.
-        """
+        """The settings as ``--set`` flags for ``python -m rllib_amp.tune``, quoted for a POSIX
+        shell. A flag on a searched key replaces that search entry (and the command says so),
+        so on the experiment that produced them they run these values."""
         # One YAML line per value: ``1e38`` alone would be a string, ``1.0e+38`` is a float.
         flow = [yaml.safe_dump(v, default_flow_style=True, width=2**31) for v in self.amp.values()]
         values = (text.removesuffix("\n...\n").strip() for text in flow)
         return " ".join("--set " + shlex.quote(f"amp.{k}={v}") for k, v in zip(self.amp, values))
 
     def replaced_searches(self, searched: Iterable[str]) -> list[str]:
-        """The searched keys (of ``searched``) that these settings give a fixed value."""
+        """The keys of ``searched`` that these settings give a fixed value."""
         return [k for k in searched if k.startswith("amp.") and k[4:] in self.amp]
 
 
@@ -99,13 +96,10 @@ def recommend(
     base: Mapping[str, object],
     configs: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Recommendation | None:
-    """The recommendation from ``groups`` (``groups.group``'s result, ranked, ties marked);
-    None without a finished setting that reported the metric.
-
-    ``base``: the experiment's ``amp`` section; a group's ``amp.*`` values (searched) override
+    """From ranked ``groups``; None without a finished setting that reported the metric.
+    ``base``: the experiment's ``amp`` section; the group's searched ``amp.*`` values override
     it, and ``configs`` (trial_id -> the trial's final AMP block, as PBT may have mutated it;
-    the group's first trial's is used) overrides both.
-    """
+    the group's first trial's is used) overrides both."""
     chosen = choose(groups)
     if chosen is None:
         return None
@@ -151,10 +145,8 @@ def _why(chosen: Group, groups: Sequence[Group], metric: str) -> list[str]:
         return f"{format_value(g.skipped_steps)} skipped steps ({g.skip_percent} of updates)"
 
     best = groups[0]
-    rank = (
-        ", the best" if chosen is best else f", tied with the best ({best.label()}: {stat(best)})"
-    )
-    why = [f"{chosen.label()}: {stat(chosen)} over {len(chosen.trials)} seed(s){rank}"]
+    rank = "the best" if chosen is best else f"tied with the best ({best.label()}: {stat(best)})"
+    why = [f"{chosen.label()}: {stat(chosen)} over {len(chosen.trials)} seed(s), {rank}"]
     others = [g for g in groups if g.tied and g is not chosen]
     if not others:
         return [*why, skips(chosen)]
@@ -174,7 +166,7 @@ def _why(chosen: Group, groups: Sequence[Group], metric: str) -> list[str]:
 
 
 def write(rec: Recommendation, exp_dir: str) -> str:
-    """Writes ``recommended_amp.yaml`` into ``exp_dir`` (a path or URI); returns where."""
+    """Into ``exp_dir`` (a path or URI); returns where."""
     location = files.join(exp_dir, FILE)
     files.write_bytes(*files.resolve(location), rec.to_yaml().encode())
     return location

@@ -1,9 +1,8 @@
 """The summary of a finished sweep: one row per trial, the printed table, results.parquet.
 
-A row holds the trial's searched values (read from its config with ``config_path``), its final
-metric, the AMP scaler's final and settled state and, when the experiment's ``stop`` sets a
-threshold on the Tune metric, the env steps and seconds the trial took to first reach it; the
-rows are then ranked by how soon they reached it (docs/cli.md says why).
+A row holds the trial's searched values, final metric, the AMP scaler's final and settled state
+and, when ``stop`` sets a threshold on the Tune metric, the env steps and seconds to first reach
+it; the rows are then ranked by how soon they reached it (docs/cli.md says why).
 
 Example:
     >>> from rllib_amp.experiment import load
@@ -76,8 +75,8 @@ def config_path(dotted: str, config: Mapping[str, object]) -> tuple[str, ...]:
 
 
 def lookup(d: Mapping[str, object] | None, path: str | Sequence[str]) -> object:
-    """``d[path[0]][path[1]]...`` as a plain Python value, or None where a key is missing;
-    ``path`` may be a metric key, its parts joined by "/"."""
+    """``d[path[0]][path[1]]...`` (``path`` a sequence or "/"-joined) as a plain Python value,
+    or None where a key is missing."""
     from ray.tune.utils import unflattened_lookup
 
     key = path if isinstance(path, str) else "/".join(path)
@@ -99,20 +98,18 @@ def finite(v: object) -> float | None:
 
 
 def target(exp: Experiment) -> float | None:
-    """The Tune metric's threshold in ``stop`` (mode max: the trial stops on reaching it), or
-    None when the stop has none."""
+    """The Tune metric's threshold in ``stop`` (mode max: the trial stops on reaching it)."""
     value = exp.stop.get(exp.tune["metric"])
     return float(value) if exp.tune["mode"] == "max" and is_number(value) else None
 
 
 def target_columns(threshold: float) -> tuple[str, str]:
-    """The row keys of the steps and seconds to reach ``threshold``."""
     return f"env_steps_to_{threshold:g}", f"time_s_to_{threshold:g}"
 
 
 def history(result: Result) -> pd.DataFrame | None:
-    """The trial's result history (nested keys joined by "/") along the line of training that
-    led to its final result (``lineage``); None when Tune kept none."""
+    """The trial's result history (keys joined by "/") along its ``lineage``; None if Tune kept
+    none."""
     try:
         frame = result.metrics_dataframe
     except Exception:  # noqa: BLE001 - a trial whose progress file is missing or unreadable
@@ -192,10 +189,7 @@ def first_reached(
 def summarize(
     exp: Experiment, grid: Iterable[Result], storage: str | None = None
 ) -> list[dict[str, object]]:
-    """One row per trial: searched parameters, final metrics, checkpoint, error.
-
-    With ``storage`` (a URI), checkpoints are given as URIs on it, as the user passed it.
-    """
+    """One row per trial, ranked; with ``storage`` (a URI), checkpoints are URIs on it."""
     rows = []
     metric = exp.tune["metric"]
     threshold = target(exp)
@@ -283,8 +277,8 @@ def skip_warnings(frame: pd.DataFrame | None, final: Row, cfg: Row) -> dict[str,
 
 
 def warning_lines(rows: Iterable[Row]) -> list[str]:
-    """One line per trial whose learner warned that its module keeps skipping optimizer
-    steps: the learner's WARNING, repeated where the user sees it.
+    """The learner's WARNING that its module keeps skipping optimizer steps, one line per trial
+    that logged it, repeated where the user sees it.
 
     Example:
         >>> (line,) = warning_lines([{"trial_id": "a_00000", "skip_warnings": 2,
@@ -340,8 +334,8 @@ def target_line(exp: Experiment, rows: Sequence[Row], threshold: float) -> str:
 
 
 def try_write_parquet(rows: Sequence[Row], path: str) -> bool:
-    """``write_parquet`` on a storage that failed: True once written; False, and no part
-    of the file left behind, when the write fails too."""
+    """``write_parquet`` on a storage that failed: True once written, else False and no part of
+    the file left behind."""
     try:
         write_parquet(rows, path)
     except (OSError, ValueError):
@@ -352,8 +346,8 @@ def try_write_parquet(rows: Sequence[Row], path: str) -> bool:
 
 
 def write_parquet(rows: Sequence[Row], path: str) -> None:
-    """Writes the rows as one parquet table to ``path``: a local path or a storage URI.
-    A column of ints and floats (a searched ``init_scale``) is a column of floats."""
+    """To a local path or a storage URI; a column of ints and floats (a searched
+    ``init_scale``) is a column of floats."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
