@@ -22,13 +22,13 @@ Example:
 from __future__ import annotations
 
 import copy
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rllib_amp.experiment.data import CheckpointSection, ExperimentData
-from rllib_amp.experiment.dotted import replaced_searches
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
@@ -71,6 +71,44 @@ def _override_items(
     for key, _ in items:
         override_parts(key, path)
     return items
+
+
+def _covered(key: str, value: object) -> set[str]:
+    """``key`` and every key inside a mapping value (``--set amp={init_scale: 1}`` sets
+    ``amp.init_scale``)."""
+    out = {key}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            out |= _covered(f"{key}.{k}", v)
+    return out
+
+
+def _spec_text(spec: object) -> str:
+    if isinstance(spec, Mapping) and len(spec) == 1:
+        kind, arg = next(iter(spec.items()))
+        if kind in ("grid", "choice") and isinstance(arg, list):
+            return f"{len(arg)} value{'s' if len(arg) != 1 else ''}"
+        return f"{kind} {arg}"
+    return str(spec)
+
+
+def replaced_searches(
+    data: Mapping[str, object], key: str, value: object
+) -> tuple[dict[str, object], list[str]]:
+    """``data`` without the search entries that ``--set key=value`` gives a fixed value, and
+    one line per entry dropped: a fixed value the user asked for must not lose to a search
+    (tests/unit/experiment/test_dotted.py shows them)."""
+    search = data.get("search")
+    if key.split(".", 1)[0] == "search" or not isinstance(search, Mapping):
+        return dict(data), []
+    hit = [k for k in search if str(k) in _covered(key, value)]
+    if not hit:
+        return dict(data), []
+    shown = json.dumps(value, default=str) if isinstance(value, (Mapping, list)) else value
+    lines = [
+        f"--set {key}={shown} replaces the search over {k} ({_spec_text(search[k])})" for k in hit
+    ]
+    return {**data, "search": {k: v for k, v in search.items() if k not in hit}}, lines
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,8 @@ from rllib_amp.algorithms import algorithm
 from rllib_amp.api import with_amp
 from rllib_amp.envs import configure as envs
 from rllib_amp.envs import models
-from rllib_amp.experiment.dotted import with_dotted
 from rllib_amp.experiment.sampler import Sampler
-from rllib_amp.experiment.schema import RESOURCES, SEED_MAX
+from rllib_amp.experiment.schema import RESOURCES, SEED_MAX, with_dotted
 from rllib_amp.learner.metrics import tag_learners_with_trial
 from rllib_amp.settings import AmpSettings, store_in_config
 

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -20,10 +21,14 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from rllib_amp.algorithms import algorithm
 from rllib_amp.experiment.errors import err
+from rllib_amp.settings import AmpSettings
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    from rllib_amp.experiment.data import ExperimentData
 
 # Upper bounds far above any real setup and far below what hangs: RLlib builds one
 # placement-group bundle per env runner up front (num_env_runners: 100000000 never returned),
@@ -198,3 +203,21 @@ def check_training_type(path: str, key: str, value: object, kinds: frozenset[str
         )
     if isinstance(value, float) and math.isnan(value):
         raise err(path, f"training.{key}", f"got {value!r}; expected a number, not NaN")
+
+
+def is_integer_key(exp: ExperimentData, dotted: str) -> bool:
+    """True when the key ``dotted`` (e.g. ``training.num_epochs``) takes integers only."""
+    top, _, rest = dotted.partition(".")
+    if top == "seed":
+        return True
+    if top == "resources":
+        return rest in RESOURCES and RESOURCES[rest][1] == (int,)
+    if top == "amp":
+        default = next((f.default for f in dataclasses.fields(AmpSettings) if f.name == rest), 0.0)
+        return isinstance(default, int) and not isinstance(default, bool)
+    if top == "training":
+        if rest in TRAINING_NUMBERS:
+            return TRAINING_NUMBERS[rest][0] == (int,)
+        kinds = training_types(algorithm(exp["algorithm"]).config_class).get(rest, frozenset())
+        return "int" in kinds and "float" not in kinds
+    return False

@@ -17,12 +17,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from rllib_amp.algorithms import ALGORITHMS, algorithm
 from rllib_amp.checks import is_number, suggest
-from rllib_amp.experiment.dotted import is_integer_key, with_dotted
 from rllib_amp.experiment.errors import (
     ExperimentError,
     check_keys,
@@ -35,6 +34,7 @@ from rllib_amp.experiment.rllib_keys import (
     RESOURCES,
     TRAINING_NUMBERS,
     check_training_type,
+    is_integer_key,
     training_keys,
     training_types,
     unsettable_training_keys,
@@ -81,6 +81,24 @@ def _lr(path: str, v: object) -> None:
         previous = step
     if v[0][0] != 0:
         raise err(path, "training.lr", f"got {v!r}: the schedule must start at step 0; {fix}")
+
+
+def with_dotted(
+    data: Mapping[str, object], parts: Sequence[str], value: object, key: str, path: str
+) -> dict[str, object]:
+    """A copy of ``data`` with ``data[p0][p1]...`` set to ``value``; copies only that path."""
+    out = dict(data)
+    head, *rest = parts
+    if not rest:
+        out[head] = value
+        return out
+    child = out.get(head)
+    if child is None:
+        child = {}
+    if not isinstance(child, Mapping):
+        raise err(path, key, f"'{head}' holds {child!r}, not a mapping; set '{head}' itself")
+    out[head] = with_dotted(child, rest, value, key, path)
+    return out
 
 
 # -- one validator per section: (raw value, sections checked so far, path) -> normalised ------

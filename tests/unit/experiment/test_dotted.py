@@ -1,12 +1,12 @@
-"""experiment.dotted: flat keys of an experiment, and the section list they start with."""
+"""Dotted keys of an experiment: setting one, the integer keys, a --set on a searched key."""
 
 from __future__ import annotations
 
 import pytest
 
-from rllib_amp.experiment import ExperimentError
-from rllib_amp.experiment.dotted import is_integer_key, replaced_searches, with_dotted
-from rllib_amp.experiment.schema import with_override
+from rllib_amp.experiment import ExperimentError, replaced_searches
+from rllib_amp.experiment.rllib_keys import is_integer_key
+from rllib_amp.experiment.schema import with_dotted, with_override
 
 
 def test_with_dotted_copies_only_the_path_it_sets():
