@@ -13,9 +13,10 @@ import math
 import operator
 import os
 import platform
+import re
 import statistics
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypedDict
 
 from rllib_amp.bench.atari_figures import RAW_ALE
@@ -85,13 +86,8 @@ def describe_cpu(cpuinfo: str, cores: int | None) -> str:
         >>> describe_cpu("model name : AMD EPYC 9654\\nflags : avx512f avx512_bf16\\n", 2)
         'AMD EPYC 9654, 2 cores (avx512_bf16)'
     """
-    model = ""
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "model name":
-            model = value.strip()
-            break
-    model = model or platform.processor() or platform.machine()
+    found = re.search(r"^\s*model name\s*:(.*)$", cpuinfo, re.MULTILINE)
+    model = (found and found[1].strip()) or platform.processor() or platform.machine()
     flags = bf16_cpu_flags(cpuinfo)
     shown = ", ".join(flags) if flags else f"no {'/'.join(BF16_CPU_FLAGS)}"
     return f"{model}, {cores} cores ({shown})"
@@ -115,6 +111,10 @@ def _mib(per: Mapping[str, float]) -> dict[str, float]:
     return {v: x / 2**20 for v, x in per.items()}
 
 
+# The units in which higher is better (lower is, in the others).
+_HIGHER_IS_BETTER = ("samples/s", "env steps/s", "return")
+
+
 def rows_from(results: Results) -> list[Row]:
     """Flat rows: one per (figure, workload, variant), with the ratio to the figure's stock
     RLlib float32 variant (``reference``: ``fp32``, or ``fp32 wrappers`` in the Atari-path
@@ -122,66 +122,55 @@ def rows_from(results: Results) -> list[Row]:
     rows: list[Row] = []
 
     def add(
-        figure: str,
-        workload: str,
-        unit: str,
-        per_variant: Mapping[str, float],
-        higher: bool,
-        reference: str = "fp32",
-        spread: Mapping[str, tuple[float, float]] | None = None,
-    ) -> None:
-        ref = per_variant.get(reference)
-        for v, value in per_variant.items():
-            row: Row = {
+        figure: str, work: str, unit: str, per: Mapping[str, float], ref: str = "fp32"
+    ) -> list[Row]:
+        added: list[Row] = [
+            {
                 "figure": figure,
-                "workload": workload,
+                "workload": work,
                 "variant": v,
                 "value": value,
                 "unit": unit,
-                "ratio_to_fp32": value / ref if ref else math.nan,
-                "better_is": "higher" if higher else "lower",
-                "reference": reference,
+                "ratio_to_fp32": value / per[ref] if per.get(ref) else math.nan,
+                "better_is": "higher" if unit in _HIGHER_IS_BETTER else "lower",
+                "reference": ref,
             }
-            if spread and v in spread:
-                row["low"], row["high"] = spread[v]
-            rows.append(row)
+            for v, value in per.items()
+        ]
+        rows.extend(added)
+        return added
 
     steps = "env steps/s"
     for key, per in results.get("throughput", {}).items():
-        add("learner update", key, "samples/s", _medians(per), True)
+        add("learner update", key, "samples/s", _medians(per))
     for key, mem in results.get("memory", {}).items():
-        add("peak memory of update", key, "MiB", _mib(mem), False)
+        add("peak memory of update", key, "MiB", _mib(mem))
     if results.get("fixed_cost"):
         ms = {v: [1000 * t for t in per_step_seconds(r)] for v, r in results["fixed_cost"].items()}
-        spread = {v: (min(x), max(x)) for v, x in ms.items() if x}
         workload = f"{FIXED_COST.label()}, 1 thread"
-        add("fixed cost per minibatch step", workload, "ms", _medians(ms), False, spread=spread)
+        for row in add("fixed cost per minibatch step", workload, "ms", _medians(ms)):
+            if ms[row["variant"]]:
+                row["low"], row["high"] = min(ms[row["variant"]]), max(ms[row["variant"]])
     if results.get("end_to_end"):
-        add("end to end", "PPO ALE/Pong-v5 full", steps, _medians(results["end_to_end"]), True)
+        add("end to end", "PPO ALE/Pong-v5 full", steps, _medians(results["end_to_end"]))
     if results.get("sampling"):
         workload = f"ALE/Pong-v5, {E2E_ENVS_PER_RUNNER} envs, inference included"
-        sampling = _medians(results["sampling"])
-        add("sampling, one EnvRunner", workload, steps, sampling, True, "wrappers")
+        add("sampling, one EnvRunner", workload, steps, _medians(results["sampling"]), "wrappers")
     for algo, per in results.get("end_to_end_paths", {}).items():
-        add(
-            "end to end, Atari paths", f"{algo} ALE/Pong-v5 full", steps, _medians(per), True, STOCK
-        )
+        add("end to end, Atari paths", f"{algo} ALE/Pong-v5 full", steps, _medians(per), STOCK)
     for part in ("all", "observations") if "replay_bytes" in results else ():
         replay = {v: x[part] for v, x in results["replay_bytes"].items()}
-        add(
-            "DQN replay bytes per transition", f"ALE/Pong-v5, {part}", "bytes", replay, False, STOCK
-        )
+        add("DQN replay bytes per transition", f"ALE/Pong-v5, {part}", "bytes", replay, STOCK)
     for size, cell in results.get("dqn_batches", {}).items():
         workload = f"DQN full (Nature CNN), batch {size}"
-        add("DQN update time by batch", workload, "ms", _medians(cell["update_ms"]), False)
-        add("DQN update peak memory by batch", workload, "MiB", _mib(cell["memory"]), False)
+        add("DQN update time by batch", workload, "ms", _medians(cell["update_ms"]))
+        add("DQN update peak memory by batch", workload, "MiB", _mib(cell["memory"]))
     for key, mem in results.get("memory_paths", {}).items():
-        add("peak memory of update, Atari paths", key, "MiB", _mib(mem), False, STOCK)
+        add("peak memory of update, Atari paths", key, "MiB", _mib(mem), STOCK)
     for algo, per in results.get("parity", {}).items():
         seeds = len(next(iter(per.values())))
         workload = f"{algo} CartPole-v1 return (mean of {seeds} seeds)"
-        means = {v: statistics.fmean(x) for v, x in per.items()}
-        add("learning parity", workload, "return", means, True)
+        add("learning parity", workload, "return", {v: statistics.fmean(x) for v, x in per.items()})
     raw = _median(results.get("sampling", {}).get(RAW_ALE, []))
     for row in rows if math.isfinite(raw) else ():
         if row["unit"] == steps:
@@ -230,85 +219,50 @@ _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt
 
 
 class Target(NamedTuple):
-    """One of the Atari path's targets: ``measured`` (a ratio of two figures of one run)
-    must be ``op`` (one of ``_OPS``) ``bound``."""
+    """One of the Atari path's targets: ``numerator / denominator`` (two figures of one run,
+    each a "/"-separated path of keys into ``Results``; a list of repetitions counts as its
+    median) must be ``op`` (one of ``_OPS``) ``bound``."""
 
-    name: str
-    measured: Callable[[Results], float]
+    numerator: str
+    denominator: str
     op: str
     bound: float
 
-    def check(self, results: Results) -> TargetRow:
-        """The target's row: the measured ratio and whether it is met (None: not measured)."""
-        try:
-            ratio = float(self.measured(results))
-        except (KeyError, TypeError, ZeroDivisionError):
-            ratio = math.nan
-        met = _OPS[self.op](ratio, self.bound) if math.isfinite(ratio) else None
-        return {
-            "target": self.name,
-            "ratio": ratio,
-            "required": f"{self.op} {self.bound:.3g}",
-            "met": met,
-        }
+
+def _figure(results: Results, path: str) -> float:
+    x: Any = results
+    for key in path.split("/"):
+        x = x[key]
+    # Repetitions (the fixed cost's as records): their median.
+    return _median(per_step_seconds(x)) if isinstance(x, (list, tuple)) else float(x)
 
 
-def _ratio(num: Sequence[float], den: Sequence[float]) -> float:
-    return _median(num) / _median(den)
-
-
-def _end_to_end(algo: str, bound: float) -> Target:
-    return Target(
-        f"end-to-end {algo} Pong, amp native / stock fp32 wrappers env steps/s",
-        lambda r: _ratio(
-            r["end_to_end_paths"][algo]["amp native"], r["end_to_end_paths"][algo][STOCK]
-        ),
-        ">=",
-        bound,
-    )
-
-
-TARGETS: tuple[Target, ...] = (
-    Target(
-        "sampling, native (batched sampler) / wrappers env steps/s",
-        lambda r: _ratio(r["sampling"]["native"], r["sampling"]["wrappers"]),
-        ">=",
-        3.0,
+# Target name -> target.
+TARGETS: dict[str, Target] = {
+    "sampling, native (batched sampler) / wrappers env steps/s": Target(
+        "sampling/native", "sampling/wrappers", ">=", 3.0
     ),
-    Target(
-        "sampling, native (batched sampler) / raw ALE env steps/s",
-        lambda r: _ratio(r["sampling"]["native"], r["sampling"][RAW_ALE]),
-        ">=",
-        0.6,
+    "sampling, native (batched sampler) / raw ALE env steps/s": Target(
+        "sampling/native", f"sampling/{RAW_ALE}", ">=", 0.6
     ),
-    _end_to_end("PPO", 2.5),
-    _end_to_end("APPO", 2.0),
-    Target(
-        "fixed cost per minibatch step, amp-auto / stock fp32 ms",
-        lambda r: _ratio(
-            per_step_seconds(r["fixed_cost"]["amp-auto"]), per_step_seconds(r["fixed_cost"]["fp32"])
-        ),
-        "<=",
-        1.0,
+    "end-to-end PPO Pong, amp native / stock fp32 wrappers env steps/s": Target(
+        "end_to_end_paths/PPO/amp native", f"end_to_end_paths/PPO/{STOCK}", ">=", 2.5
     ),
-    Target(
-        "DQN replay bytes per transition, uint8 / float32",
-        lambda r: r["replay_bytes"]["fp32 native"]["all"] / r["replay_bytes"][STOCK]["all"],
-        "<=",
-        1 / 3.5,
+    "end-to-end APPO Pong, amp native / stock fp32 wrappers env steps/s": Target(
+        "end_to_end_paths/APPO/amp native", f"end_to_end_paths/APPO/{STOCK}", ">=", 2.0
     ),
-    Target(
-        # "Today's AMP figure": AMP's update on float32 observations, as before the native
-        # path, measured in the same run rather than copied from an older one.
-        "PPO update peak memory, amp native / amp wrappers",
-        lambda r: (
-            r["memory_paths"]["PPO full"]["amp native"]
-            / r["memory_paths"]["PPO full"]["amp wrappers"]
-        ),
-        "<",
-        1.0,
+    "fixed cost per minibatch step, amp-auto / stock fp32 ms": Target(
+        "fixed_cost/amp-auto", "fixed_cost/fp32", "<=", 1.0
     ),
-)
+    "DQN replay bytes per transition, uint8 / float32": Target(
+        "replay_bytes/fp32 native/all", f"replay_bytes/{STOCK}/all", "<=", 1 / 3.5
+    ),
+    # "Today's AMP figure": AMP's update on float32 observations, as before the native
+    # path, measured in the same run rather than copied from an older one.
+    "PPO update peak memory, amp native / amp wrappers": Target(
+        "memory_paths/PPO full/amp native", "memory_paths/PPO full/amp wrappers", "<", 1.0
+    ),
+}
 
 
 def targets(results: Results) -> list[TargetRow]:
@@ -318,7 +272,15 @@ def targets(results: Results) -> list[TargetRow]:
         >>> [t["met"] for t in targets({"sampling": {"native": [6.0], "wrappers": [2.0]}})][:2]
         [True, None]
     """
-    return [t.check(results) for t in TARGETS]
+    out: list[TargetRow] = []
+    for name, (numerator, denominator, op, bound) in TARGETS.items():
+        try:
+            ratio = _figure(results, numerator) / _figure(results, denominator)
+        except (KeyError, TypeError, ZeroDivisionError):
+            ratio = math.nan
+        met = _OPS[op](ratio, bound) if math.isfinite(ratio) else None  # None: not measured
+        out.append({"target": name, "ratio": ratio, "required": f"{op} {bound:.3g}", "met": met})
+    return out
 
 
 def markdown_targets(rows: Sequence[TargetRow]) -> str:
@@ -393,13 +355,16 @@ def check_outputs(json_path: str | None, out_dir: str | None) -> None:
             raise UsageError(f"--out: {target} is a folder; remove it or pass another --out")
 
 
+def _write_json(path: str, doc: object) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, default=float)
+
+
 def write_partial(results: Results, json_path: str) -> None:
     """The figures measured so far as ``{"partial": true, "raw": ...}``, replaced atomically;
     the finished run's ``write_outputs`` overwrites it."""
-    tmp = f"{json_path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"partial": True, "raw": results}, f, indent=1, default=float)
-    os.replace(tmp, json_path)
+    _write_json(f"{json_path}.tmp", {"partial": True, "raw": results})
+    os.replace(f"{json_path}.tmp", json_path)
 
 
 def write_outputs(
@@ -407,13 +372,7 @@ def write_outputs(
 ) -> None:
     """Writes the JSON file and the ``--out`` folder's parquet table and ratio plot."""
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(
-                {"rows": rows, "targets": targets(results), "raw": results},
-                f,
-                indent=1,
-                default=float,
-            )
+        _write_json(json_path, {"rows": rows, "targets": targets(results), "raw": results})
     if not out_dir:
         return
     import pyarrow as pa
