@@ -66,15 +66,15 @@ class Interval:
         return {f"{prefix}_mean": self.mean, f"{prefix}_ci_lo": self.lo, f"{prefix}_ci_hi": self.hi}
 
 
-def interval(values: Sequence[object], confidence: float = 0.95) -> Interval:
-    """The mean of the finite ``values`` and its Student-t interval."""
+def interval(values: Sequence[object]) -> Interval:
+    """The mean of the finite ``values`` and its 95% Student-t interval."""
     xs = [x for x in map(finite, values) if x is not None]
     if len(xs) < 2:
         return Interval(xs[0], None, None, 1) if xs else Interval(None, None, None, 0)
     from scipy import stats
 
     mean = statistics.fmean(xs)
-    half = float(stats.t.ppf((1 + confidence) / 2, len(xs) - 1) * stats.sem(xs))
+    half = float(stats.t.ppf(0.975, len(xs) - 1) * stats.sem(xs))
     return Interval(mean, mean - half, mean + half, len(xs))
 
 

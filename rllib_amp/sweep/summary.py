@@ -42,8 +42,8 @@ _TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})(?:_|$)")
 Row = Mapping[str, object]
 
 
-def amp_metric_key(name: str, module_id: str = MODULE_ID) -> str:
-    return f"learners/{module_id}/{name}"
+def amp_metric_key(name: str) -> str:
+    return f"learners/{MODULE_ID}/{name}"
 
 
 SCALE_KEY = amp_metric_key(amp_metrics.GRAD_SCALE)
