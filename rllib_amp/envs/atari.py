@@ -1,13 +1,11 @@
 """Atari on ALE's own vector env: C++ preprocessing and threads, uint8 observations.
 
-``AleVectorEnv`` is what RLlib builds for an ``ALE/*`` id by default (``envs.configure_env``
-points a config at it with ``gym_env_vectorize_mode="vector_entry_point"``). It keeps the
-DeepMind preprocessing of RLlib's Atari wrappers (``envs.AtariEnv``, the ``wrappers`` path):
-84x84 grayscale, frame skip 4 with max-pooling over the last two frames, a 4-frame stack, up
-to 30 no-op steps and FIRE at the start of a game, rewards clipped to [-1, 1], and each life
-an episode. Observations stay uint8, (84, 84, stack) like the wrappers' (channels last, the
-newest frame last); the RLModule turns them into floats inside its forward pass
-(``models.with_uint8_images``).
+``AleVectorEnv`` is what RLlib builds for an ``ALE/*`` id by default (``configure_env`` sets
+``gym_env_vectorize_mode="vector_entry_point"``), with the DeepMind preprocessing of RLlib's
+Atari wrappers (``configure.AtariEnv``): 84x84 grayscale, frame skip 4 max-pooled over the
+last two frames, a 4-frame stack, up to 30 no-ops and FIRE at a game start, rewards clipped
+to [-1, 1], each life an episode. Observations stay uint8, (84, 84, stack) like the wrappers'
+(newest frame last); the RLModule converts them in its forward pass (``with_uint8_images``).
 
 Differences from the wrappers, all inside one game: after a life is lost the game goes on
 without a FIRE press, and the frame stack carries over from the previous life; the ALE's own
@@ -98,9 +96,8 @@ def _value_ok(key: str, value: Any) -> bool:
 
 
 def check_native_options(env_config: Mapping[str, Any]) -> None:
-    """Raises ValueError naming the key and the fix for an option the native env can't honour.
-
-    Tune samplers are let through (their values are checked when the env is built).
+    """Raises ValueError naming the key and the fix for an option the native env can't honour
+    (Tune samplers pass: their values are checked when the env is built).
 
     Example:
         >>> check_native_options({"episodic_life": False, "repeat_action_probability": 0.25})
@@ -183,10 +180,8 @@ def ale_game(env_id: str) -> str:
 
 
 def default_num_threads(num_envs: int) -> int:
-    """ALE threads for ``num_envs`` envs: the CPUs Ray assigned this EnvRunner.
-
-    On a driver (a local EnvRunner outside Tune, e.g. a test or a script), the cores this
-    process may run on. Never more threads than envs, never fewer than one.
+    """ALE threads for ``num_envs`` envs: the CPUs Ray assigned this EnvRunner (on a driver,
+    the cores this process may run on); at most one per env, at least one.
 
     Example:
         >>> default_num_threads(1)
@@ -234,10 +229,9 @@ def native_kwargs(env_config: Mapping[str, Any], num_envs: int) -> dict[str, Any
 class AleVectorEnv(gym.vector.VectorWrapper):
     """ale_py's ``AtariVectorEnv`` as RLlib's vector env for an ``ALE/*`` id.
 
-    ``config``: ``{"id": "ALE/Pong-v5", "num_envs": 16, <NATIVE_OPTIONS keys>}``; RLlib
-    passes the env_config plus ``num_envs`` (``num_envs_per_env_runner``). Observations are
-    uint8 (num_envs, 84, 84, stack): a channels-last view of ALE's buffer, no copy. Rewards
-    are float32.
+    ``config``: ``{"id": "ALE/Pong-v5", "num_envs": 16, <NATIVE_OPTIONS keys>}`` (RLlib adds
+    ``num_envs``). Observations: uint8 (num_envs, 84, 84, stack), a channels-last view of
+    ALE's buffer (no copy); rewards: float32.
 
     Example:
         >>> env = AleVectorEnv({"id": "ALE/Pong-v5", "num_envs": 2})  # doctest: +SKIP
@@ -265,11 +259,8 @@ class AleVectorEnv(gym.vector.VectorWrapper):
             self.single_observation_space, self.num_envs
         )
 
-    def reset(
-        self,
-        *,
-        seed: Any = None,  # an int, or one per env (ale_py takes an array)
-        options: dict[str, Any] | None = None,
+    def reset(  # seed: an int, or one per env (ale_py takes an array)
+        self, *, seed: Any = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         return np.moveaxis(obs, 1, -1), info

@@ -2,20 +2,18 @@
 
 RLlib's ``SingleAgentEnvRunner`` splits every vector step into per-env items (episodes,
 connectors, info dicts) and stacks them again for the next forward pass; on ALE's native
-vector env (``envs.atari.AleVectorEnv``) that bookkeeping costs more than the env and the
-network together. ``BatchedAleEnvRunner`` runs the module once per step on the whole
-``(num_envs, stack, 84, 84)`` uint8 array, samples the actions with RLlib's ``GetActions``
-connector, and builds RLlib's ``SingleAgentEpisode``s only at the end of ``sample()``: the
-same episodes, across ``sample()`` calls, as RLlib's runner builds for the same actions
-(tests/integration/envs/test_batched_runner.py), and the same metric keys, less the
-per-piece connector timers.
+vector env (``envs.atari.AleVectorEnv``) that costs more than the env and the network
+together. ``BatchedAleEnvRunner`` runs the module once per step on the whole uint8 array,
+samples the actions with RLlib's ``GetActions``, and builds RLlib's ``SingleAgentEpisode``s
+only at the end of ``sample()``: RLlib's episodes for the same actions, across calls
+(tests/integration/envs/test_batched_runner.py), and its metric keys less the per-piece
+connector timers.
 
 ``envs.configure.configure_env`` picks it for ``ALE/*`` ids on the native path unless
 ``env_config.sampler`` is ``rllib``. What it cannot reproduce (custom connectors, episode
-callbacks, a stateful module, another env) runs RLlib's own sampling, with one log line
-saying why; so does ``sample(num_episodes=...)``. One difference remains: when a failed env
-step recreates the env (``restart_failed_sub_environments``), RLlib keeps the episodes that
-ended earlier in that ``sample()`` call; this runner starts the call over.
+callbacks, a stateful module, another env) and ``sample(num_episodes=...)`` run RLlib's own
+sampling (one log line says why). One difference: when a failed env step recreates the env,
+RLlib keeps the episodes that ended earlier in that ``sample()`` call; this starts it over.
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -68,7 +66,7 @@ _EPISODE_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step
 
 
 def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
-    """Why ``runner`` cannot sample batched (None: it can). Checked once per EnvRunner.
+    """Why ``runner`` cannot sample batched (None: it can); checked once per EnvRunner.
 
     Example:
         >>> unsupported_reason(type("R", (), {"env": None})())
@@ -111,11 +109,8 @@ def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
 
 
 class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
-    """RLlib's SingleAgentEnvRunner that samples ALE's native vector env as whole arrays.
-
-    Forward passes run under the AMP inference precision when the config carries AMP
-    settings (``rllib_amp.with_amp``), in float32 otherwise (stock RLlib).
-    """
+    """RLlib's SingleAgentEnvRunner that samples ALE's native vector env as whole arrays;
+    forward passes in the AMP inference precision under ``with_amp``, else in float32."""
 
     def __init__(self, *, config: Any, **kwargs: Any):
         self._batched_obs: np.ndarray | None = None
@@ -138,41 +133,24 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         self._batched_obs = None
 
     def _sample(  # type: ignore[override]
-        self,
-        *,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        explore: bool,
-        random_actions: bool = False,
-        force_reset: bool = False,
+        self, *, num_timesteps: int | None = None, **kwargs: Any
     ) -> list[SingleAgentEpisode]:
         if num_timesteps is None or self.batched_unsupported:
             self._batched_obs = None  # RLlib's loop owns the envs now: reset before ours
-            return super()._sample(
-                num_timesteps=num_timesteps,
-                num_episodes=num_episodes,
-                explore=explore,
-                random_actions=random_actions,
-                force_reset=force_reset,
-            )
-        return self._sample_batched(
-            num_timesteps, explore=explore, random_actions=random_actions, force_reset=force_reset
-        )
+            return super()._sample(num_timesteps=num_timesteps, **kwargs)
+        kwargs.pop("num_episodes", None)  # None: RLlib's sample() passes one or the other
+        return self._sample_batched(num_timesteps, **kwargs)
 
     # -- the batched loop ---------------------------------------------------------------------
-    def _reset_batched(self, explore: bool) -> None:
-        """RLlib's own reset (seeding, new episodes, callbacks); keeps the obs as one array."""
-        self._reset_envs_and_episodes(explore)
-        self._cached_to_module = None
-        episodes: list[Any] = self._ongoing_episodes
-        obs = np.stack([e.get_observations(-1) for e in episodes])
-        self._batched_obs = np.ascontiguousarray(np.moveaxis(obs, -1, 1))
-
     def _sample_batched(
         self, num_timesteps: int, *, explore: bool, random_actions: bool, force_reset: bool
     ) -> list[SingleAgentEpisode]:
         if force_reset or self._needs_initial_reset or self._batched_obs is None:
-            self._reset_batched(explore)
+            # RLlib's own reset (seeding, new episodes, callbacks); the obs kept as one array.
+            self._reset_envs_and_episodes(explore)
+            self._cached_to_module = None
+            obs = np.stack([e.get_observations(-1) for e in cast(Any, self._ongoing_episodes)])
+            self._batched_obs = np.ascontiguousarray(np.moveaxis(obs, -1, 1))
         env: Any = self.env
         ale = env.unwrapped
         episodes: list[Any] = self._ongoing_episodes

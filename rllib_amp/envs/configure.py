@@ -34,10 +34,9 @@ def is_atari(env_id: str) -> bool:
 
 
 def check_env_id(env_id: str) -> None:
-    """Raises ValueError naming the nearest registered id when ``env_id`` is unknown. As
-    ``gym.make`` does, ``module:Name-v0`` imports ``module`` first (a user's own env, which
-    registers itself there; every node's env runners import it too, so it must be installed
-    or on their ``PYTHONPATH``)."""
+    """Raises ValueError naming the nearest registered id when ``env_id`` is unknown. As in
+    ``gym.make``, ``module:Name-v0`` imports ``module`` first (a user's env that registers
+    itself there; every node's env runners import it too: installed or on ``PYTHONPATH``)."""
     if is_atari(env_id):
         atari.register_ale()
     module, _, name = env_id.rpartition(":")
@@ -67,11 +66,10 @@ def check_env_id(env_id: str) -> None:
 class AtariEnv(gym.Wrapper):
     """An ALE game through RLlib's Atari wrappers (DeepMind preprocessing): the ``wrappers`` path.
 
-    Observations are float32 in [-1, 1] (x / 128 - 1). The default is ALE's native vector
-    env (``rllib_amp.envs.atari``); this path stays for comparison and for ale_py options the
-    native env lacks (``mode``, ``difficulty``...). ``config``: ``{"id": "ALE/Pong-v5", ...}``;
-    other keys go to ``gym.make``. RLlib gets the class itself as ``env``, so env runners on
-    any node build it by import, no registration needed.
+    Observations are float32 in [-1, 1] (x / 128 - 1). Kept for comparison with the native
+    default and for ale_py options it lacks (``mode``, ``difficulty``...). ``config``:
+    ``{"id": "ALE/Pong-v5", ...}``, other keys go to ``gym.make``. RLlib gets the class
+    itself as ``env``: env runners on any node build it by import, unregistered.
 
     Example:
         >>> env = AtariEnv({"id": "ALE/Pong-v5"})  # doctest: +SKIP
@@ -97,12 +95,11 @@ def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None
     """Sets ``config`` (an AlgorithmConfig) to sample ``env_id``; the one place that does.
 
     For ``ALE/*`` ids ``env_config["preprocessing"]`` picks the path: ``native`` (default;
-    ALE's C++ vector env ``atari.AleVectorEnv``, uint8 observations that the algorithm's
-    RLModule converts in its forward pass, options ``atari.NATIVE_OPTIONS``) or ``wrappers``
-    (``AtariEnv`` in a SyncVectorEnv, float32 observations; other keys go to ``gym.make``).
-    On the native path ``env_config["sampler"]`` picks ``batched`` (default; whole arrays per
-    step, ``batched_runner.BatchedAleEnvRunner``) or ``rllib`` (RLlib's per-env loop); both
-    give the learner the same episodes.
+    ``atari.AleVectorEnv``, uint8 observations the RLModule converts in its forward pass,
+    options ``atari.NATIVE_OPTIONS``) or ``wrappers`` (``AtariEnv`` in a SyncVectorEnv,
+    float32 observations; other keys go to ``gym.make``). On the native path
+    ``env_config["sampler"]`` picks ``batched`` (default; ``BatchedAleEnvRunner``) or
+    ``rllib`` (RLlib's per-env loop): the same episodes either way.
 
     Call it before setting your own RLModuleSpec: the native path sets the module class.
     Raises ValueError naming the key and the fix for an option the chosen path cannot honour.
@@ -162,11 +159,8 @@ def configure_env(config: Any, env_id: str, env_config: Mapping[str, Any] | None
 
 
 def _use_batched_runner(config: Any, batched: bool) -> None:
-    """Sets the batched EnvRunner, or takes it back; another EnvRunner the user set stays.
-
-    ``with_amp`` keeps the batched runner (it replaces only None or its own runners), and the
-    batched runner applies the AMP inference precision itself.
-    """
+    # Sets the batched EnvRunner, or takes it back; another EnvRunner the user set stays.
+    # ``with_amp`` keeps the batched runner, which applies the AMP inference precision itself.
     current = config.env_runner_cls
     if batched and not config.is_multi_agent:
         if current in (None, AmpSingleAgentEnvRunner):

@@ -21,14 +21,10 @@ from torch import nn
 
 
 def _nature_cnn(narrow: int, wide: int, hidden: int) -> dict[str, object]:
-    """The Nature CNN's shape at other widths: 8x8/4, 4x4/2, 3x3/1 "valid" convs (84 -> 20 ->
-    9 -> 7), one encoder shared by the policy and value heads, one hidden layer per head."""
+    # The Nature CNN's shape at other widths: 8x8/4, 4x4/2, 3x3/1 "valid" convs (84 -> 20 -> 9
+    # -> 7), one encoder shared by the policy and value heads, one hidden layer per head.
     return {
-        "conv_filters": [
-            [narrow, 8, 4, "valid"],
-            [wide, 4, 2, "valid"],
-            [wide, 3, 1, "valid"],
-        ],
+        "conv_filters": [[narrow, 8, 4, "valid"], [wide, 4, 2, "valid"], [wide, 3, 1, "valid"]],
         "conv_activation": "relu",
         "head_fcnet_hiddens": [hidden],
         "head_fcnet_activation": "relu",
@@ -83,11 +79,8 @@ def insert_batchnorm(root: nn.Module) -> int:
 
 
 def _after_setup(base: type, patch: Callable[[nn.Module], int], name: str) -> type:
-    """``base`` (an RLModule class) whose ``setup`` ends with ``patch(self)``, named ``name``.
-
-    Give the result a module-level name (see ``rllib_amp.algorithms``) so Ray pickles it by
-    reference.
-    """
+    # ``base`` whose ``setup`` ends with ``patch(self)``. Give the result a module-level name
+    # (see ``rllib_amp.algorithms``) so Ray pickles it by reference.
 
     class Patched(base):  # type: ignore[valid-type,misc]
         def setup(self) -> None:
@@ -107,9 +100,8 @@ def with_batchnorm(base: type, *, name: str | None = None) -> type:
 def uint8_to_input(x: torch.Tensor) -> torch.Tensor:
     """uint8 pixels -> the network's input, x / 128 - 1 in [-1, 1); other dtypes pass through.
 
-    The range is that of RLlib's Atari wrappers (NormalizedImageEnv), so a network sees the
-    same numbers on either Atari path. Under autocast the pixels go straight to the autocast
-    dtype: 0..255 and the result are exact in bfloat16 and float16 (steps of 1/128).
+    The range of RLlib's Atari wrappers (NormalizedImageEnv): the same numbers on either Atari
+    path. Under autocast straight to the autocast dtype: exact in bfloat16 and float16.
 
     Example:
         >>> uint8_to_input(torch.tensor([0, 128, 255], dtype=torch.uint8))
@@ -124,11 +116,8 @@ def uint8_to_input(x: torch.Tensor) -> torch.Tensor:
 
 
 class Uint8ImageInput(nn.Sequential):
-    """An image encoder's network that first turns uint8 pixels into its float input.
-
-    Replaces RLlib's ``TorchCNNEncoder.net`` (same children, so the same state_dict keys):
-    every path through the encoder converts, target and old-policy copies included.
-    """
+    """RLlib's ``TorchCNNEncoder.net`` (same children, same state_dict keys) that first turns
+    uint8 pixels into its float input: every copy of the encoder (target, old policy) converts."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(uint8_to_input(x))
@@ -150,8 +139,7 @@ def with_uint8_images(base: type) -> type:
     """``base`` (an RLModule class) whose CNN encoders take uint8 image observations.
 
     Observations stay uint8 in episodes, train batches and replay buffers (a quarter of
-    float32's bytes); the module converts inside its forward pass (``uint8_to_input``). Float
-    observations pass through unchanged.
+    float32's bytes); the forward pass converts them (``uint8_to_input``); floats pass through.
 
     Example:
         >>> from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
