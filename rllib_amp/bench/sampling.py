@@ -2,19 +2,20 @@
 
 The benchmark's sampling row: RLlib's wrappers vs ALE's native vector env, same module, same
 number of envs; on the native path, RLlib's per-env loop vs the batched sampler
-(``env_config.sampler``, ``rllib_amp.envs.batched_runner``). ``compare_samplers`` repeats
-each in a fresh process, interleaved, and reports median and spread;
-``python -m rllib_amp.bench.sampling`` prints them.
+(``env_config.sampler``, ``rllib_amp.envs.batched_runner``). ``python -m
+rllib_amp.bench.sampling`` repeats each of the latter in a fresh process, interleaved, and
+prints median and spread.
 
 Example:
     >>> cfg = sampling_config("wrappers", num_envs=2)
-    >>> cfg.num_envs_per_env_runner
-    2
+    >>> cfg.num_envs_per_env_runner, cfg.gym_env_vectorize_mode
+    (2, 'sync')
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rllib_amp.algorithms import algorithm as algorithm_record
+from rllib_amp.cli import Parser, main_wrapper
 from rllib_amp.envs import configure as envs
 from rllib_amp.envs import models
 from rllib_amp.envs.atari import (
@@ -37,6 +39,8 @@ from rllib_amp.envs.atari import (
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+PROG = "python -m rllib_amp.bench.sampling"
 
 
 def sampling_config(
@@ -55,11 +59,6 @@ def sampling_config(
     ``preprocessing``: the Atari path (``native`` or ``wrappers``). The native env gets one
     ALE thread per CPU, as in a Ray EnvRunner. ``sampler`` (native only): ``batched`` (the
     default) or ``rllib``. Add ``with_amp`` for autocast inference.
-
-    Example:
-        >>> cfg = sampling_config("wrappers", num_envs=2)
-        >>> cfg.num_envs_per_env_runner, cfg.gym_env_vectorize_mode
-        (2, 'sync')
     """
     cfg = algorithm_record(algorithm).config_class()
     env_config = {**(env_config or {}), PREPROCESSING_KEY: preprocessing}
@@ -107,11 +106,6 @@ def measure_sampling(
     SingleAgentEnvRunner by default); actions come from its RLModule, as in training. Torch
     runs ``num_cpus_per_env_runner`` threads meanwhile, as Ray sets for an EnvRunner actor
     (OMP_NUM_THREADS); more threads than cores stall every small op on a busy machine.
-
-    Example:
-        >>> r = measure_sampling(sampling_config(num_envs=2), env_steps=64)  # doctest: +SKIP
-        >>> r.steps_per_s > 0  # doctest: +SKIP
-        True
     """
     import torch
 
@@ -179,109 +173,67 @@ def raw_ale_one(
     return rounds * num_envs / seconds, rounds * num_envs / cpu_seconds
 
 
-def summary(values: Sequence[float]) -> dict[str, float]:
-    """Median and spread of repeated figures.
-
-    Example:
-        >>> summary([3.0, 1.0, 2.0])
-        {'median': 2.0, 'min': 1.0, 'max': 3.0, 'n': 3}
-    """
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
-
-
-def compare_samplers(
-    reps: int,
-    *,
-    samplers: Sequence[str] = (RLLIB, BATCHED),
-    num_envs: int = 16,
-    env_steps: int = 4096,
-    model: str = "full",
-    num_cpus: int = 2,
-    torch_threads: int | None = None,
-    fresh: bool = True,
-) -> dict[str, dict[str, list[float]]]:
-    """Per sampler, ``reps`` runs of env steps/s and of env steps per CPU-second.
-
-    The samplers alternate order each repetition; each run is a fresh process by default.
-    ``torch_threads``: None is ``num_cpus``, as Ray sets for an EnvRunner actor.
-
-    Example:
-        >>> runs = compare_samplers(1, num_envs=2, env_steps=8, fresh=False)  # doctest: +SKIP
-        >>> sorted(runs["batched"])  # doctest: +SKIP
-        ['steps_per_cpu_s', 'steps_per_s']
-    """
+def _run(argv: Sequence[str] | None) -> int:
     from rllib_amp.bench.figures import interleaved_reps
     from rllib_amp.bench.harness import in_child
 
-    def run(sampler: str) -> tuple[float, float]:
-        args = (NATIVE, num_envs, env_steps, model, sampler, num_cpus, torch_threads)
-        return in_child(sampling_one, *args) if fresh else sampling_one(*args)
+    parser = Parser(
+        prog=PROG,
+        description="Env steps/s of one native EnvRunner: RLlib's loop vs the batched sampler.",
+    )
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--envs", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=4096)
+    parser.add_argument("--model", default="full")
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--samplers", default=",".join((RLLIB, BATCHED)))
+    parser.add_argument(
+        "--omp-wait-policy",
+        choices=("passive", "active"),
+        default=None,
+        help="OMP_WAIT_POLICY of the measuring processes (default: as inherited). passive: "
+        "idle torch threads sleep instead of spinning (see docs/performance.md)",
+    )
+    args = parser.parse_args(argv)
+    if args.omp_wait_policy:  # read by OpenMP when a fresh child loads torch
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
+    samplers = [s for s in args.samplers.split(",") if s]
+    for s in samplers:
+        if s not in SAMPLERS:
+            parser.error(f"--samplers: {s!r} is not one of {', '.join(SAMPLERS)}")
+    load_before = os.getloadavg()
 
-    runs = interleaved_reps(samplers, reps, run)
-    return {
-        s: {"steps_per_s": [w for w, _ in r], "steps_per_cpu_s": [c for _, c in r]}
-        for s, r in runs.items()
+    def run(sampler: str) -> tuple[float, float]:
+        # A fresh process per run; --torch-threads None is --cpus, as Ray sets for an EnvRunner.
+        job = (NATIVE, args.envs, args.steps, args.model, sampler, args.cpus, args.torch_threads)
+        return in_child(sampling_one, *job)
+
+    runs = interleaved_reps(samplers, args.reps, run)
+    report: dict[str, object] = {
+        "load_average_before_after": [load_before[0], os.getloadavg()[0]],
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
+    for s, r in runs.items():
+        figures = {"steps_per_s": [w for w, _ in r], "steps_per_cpu_s": [c for _, c in r]}
+        report[s] = {
+            k: {
+                "runs": v,
+                "median": statistics.median(v),
+                "min": min(v),
+                "max": max(v),
+                "n": len(v),
+            }
+            for k, v in figures.items()
+        }
+    print(json.dumps(report, indent=1))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import os
-
-    from rllib_amp.cli import Parser, main_wrapper
-
-    def run(argv: Sequence[str] | None) -> int:
-        parser = Parser(
-            prog="python -m rllib_amp.bench.sampling",
-            description="Env steps/s of one native EnvRunner: RLlib's loop vs the batched sampler.",
-        )
-        parser.add_argument("--reps", type=int, default=5)
-        parser.add_argument("--envs", type=int, default=16)
-        parser.add_argument("--steps", type=int, default=4096)
-        parser.add_argument("--model", default="full")
-        parser.add_argument("--cpus", type=int, default=2)
-        parser.add_argument("--torch-threads", type=int, default=None)
-        parser.add_argument("--samplers", default=",".join((RLLIB, BATCHED)))
-        parser.add_argument(
-            "--omp-wait-policy",
-            choices=("passive", "active"),
-            default=None,
-            help="OMP_WAIT_POLICY of the measuring processes (default: as inherited). passive: "
-            "idle torch threads sleep instead of spinning (see docs/performance.md)",
-        )
-        args = parser.parse_args(argv)
-        if args.omp_wait_policy:  # read by OpenMP when a fresh child loads torch
-            os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
-        samplers = [s for s in args.samplers.split(",") if s]
-        for s in samplers:
-            if s not in SAMPLERS:
-                parser.error(f"--samplers: {s!r} is not one of {', '.join(SAMPLERS)}")
-        load_before = os.getloadavg()
-        runs = compare_samplers(
-            args.reps,
-            samplers=samplers,
-            num_envs=args.envs,
-            env_steps=args.steps,
-            model=args.model,
-            num_cpus=args.cpus,
-            torch_threads=args.torch_threads,
-        )
-        report = {
-            "load_average_before_after": [load_before[0], os.getloadavg()[0]],
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            **{
-                s: {k: {"runs": v, **summary(v)} for k, v in figures.items()}
-                for s, figures in runs.items()
-            },
-        }
-        print(json.dumps(report, indent=1))
-        return 0
-
-    return main_wrapper("python -m rllib_amp.bench.sampling", run, argv)
+    """Per sampler, ``--reps`` runs of env steps/s and of env steps per CPU-second, the samplers
+    interleaved, as JSON on stdout; bad input is one line on stderr and exit status 2."""
+    return main_wrapper(PROG, _run, argv)
 
 
 # -- overlap: envs stepping while the network works -------------------------------------------
