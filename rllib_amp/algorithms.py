@@ -3,25 +3,19 @@
 A row gives the algorithm's name (RLlib's spelling), whether its learner splits the train
 batch into minibatches, and the result keys it reports beyond the common ones. Every class
 follows from the name ``X`` (package ``x`` under ``ray.rllib.algorithms``): RLlib's ``X``,
-``XConfig``, ``XTorchLearner`` (``x.torch.x_torch_learner``) and ``DefaultXTorchRLModule``
-(``x.torch.default_x_torch_rl_module``), and rllib-amp's ``AmpXTorchLearner``, ``AmpX``,
-``Uint8DefaultXTorchRLModule`` (uint8 image observations, the native Atari path) and
-``BatchNormDefaultXTorchRLModule``. To support another algorithm, add its row (one whose RLlib
-classes are named otherwise, as MARWIL without a default module of its own, needs a field).
+``XConfig``, ``XTorchLearner`` and ``DefaultXTorchRLModule``, and rllib-amp's
+``AmpXTorchLearner``, ``AmpX``, ``Uint8DefaultXTorchRLModule`` (uint8 image observations, the
+native Atari path) and ``BatchNormDefaultXTorchRLModule``. Another algorithm needs its row
+(and a field, where RLlib names its classes otherwise, as MARWIL).
 
 What a row cannot check: ``AmpLearnerMixin`` scales the losses RLlib hands to
-``TorchLearner.compute_gradients`` (``loss_per_module``) and unscales what that
-back-propagates, so the algorithm's learner must back-propagate ``loss_per_module``. PPO,
-DQN, MARWIL/BC and IMPALA/APPO do (IMPALA's override, used with 2+ learners on a
-multi-agent setup, sums the losses it is given). SAC, CQL, TQC, IQL and DreamerV3 override
-``compute_gradients`` to back-propagate losses stored during ``compute_losses``
-(``self._temp_losses``): the scaled losses would never reach ``backward``, and the unscale
-would divide true gradients by the scale. Those need their own ``compute_gradients`` in the
-mixin before they get a row.
+``TorchLearner.compute_gradients`` and unscales what that back-propagates, so the learner
+must back-propagate ``loss_per_module``. PPO, DQN, MARWIL/BC and IMPALA/APPO do. SAC, CQL,
+TQC, IQL and DreamerV3 back-propagate losses stored during ``compute_losses``
+(``self._temp_losses``): they need their own ``compute_gradients`` in the mixin first.
 
-The registry's names load without RLlib: a row's classes, and the module-level AMP
-classes (``AmpPPOTorchLearner``, ...), are made on first use, so an experiment file with a
-misspelt algorithm is refused before torch and RLlib are imported.
+Names load without RLlib: a row's classes, and the module-level AMP classes, are made on
+first use, so a misspelt algorithm is refused before torch and RLlib are imported.
 
 Example:
     >>> ALGORITHMS["PPO"].amp_learner.__name__
@@ -71,12 +65,10 @@ class _FromRLlib(Generic[T]):
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One supported algorithm and the classes rllib-amp uses for it.
+    """One supported algorithm and the classes rllib-amp uses for it (imported on first use).
 
-    ``minibatches``: the learner splits each train batch into minibatches
-    (``minibatch_size``, ``num_epochs``). The result keys are named by RLlib constants,
-    ``"module.CONSTANT"`` under ``ray.rllib`` (``scopes`` are literal), resolved with the
-    classes. The class fields import RLlib on first use.
+    ``minibatches``: the learner splits each train batch (``minibatch_size``, ``num_epochs``).
+    Result keys: RLlib constants as ``"module.CONSTANT"`` under ``ray.rllib``; scopes literal.
     """
 
     name: str
@@ -258,17 +250,8 @@ def amp_subclass(
     mixin: type, base: Any, *, root: type, known: Mapping[type, type], doc: str, caller: str
 ) -> type:
     """``base`` (a subclass of RLlib's ``root``) with ``mixin`` in front: ``base`` itself if
-    it has the mixin, the registry's class for RLlib's own ``base``, else ``Amp<base>``, made
-    once per base. TypeError, naming ``caller``, for anything but a subclass of ``root``.
-
-    Example:
-        >>> from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
-        >>> from ray.rllib.core.learner.torch.torch_learner import TorchLearner
-        >>> from rllib_amp.learner.mixin import AmpLearnerMixin
-        >>> amp_subclass(AmpLearnerMixin, PPOTorchLearner, root=TorchLearner, known={},
-        ...              doc="", caller="f").__name__
-        'AmpPPOTorchLearner'
-    """
+    it has the mixin, ``known[base]``, else ``Amp<base>``, made once per base. TypeError,
+    naming ``caller``, for anything but a subclass of ``root``."""
     if not isinstance(base, type) or not issubclass(base, root):
         raise TypeError(
             f"{caller}: expected a subclass of RLlib's {root.__name__}, got {base!r}; pass "

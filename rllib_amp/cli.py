@@ -198,11 +198,9 @@ def main_wrapper(
 
 
 def root_error(e: object) -> str:
-    """The line that says what went wrong, without colour codes: the innermost cause's
-    ``Type: message`` (a trial's RayTaskError wraps the exception raised in the trial). A
-    cause without a message (RLlib's ``raise RuntimeError from e``, whose ``e`` Ray's pickling
-    dropped) gives way to the last ``Type: message`` line of a traceback rendered into an
-    outer exception's text (Ray's).
+    """What went wrong, without colour codes: the innermost cause's ``Type: message`` (a
+    RayTaskError wraps the trial's), else the last such line of a traceback rendered into an
+    outer exception's text (Ray's, when its pickling dropped RLlib's ``raise ... from e``).
 
     Example:
         >>> root_error(RuntimeError("Traceback ...\\nOSError: disk gone\\n\\nRuntimeError"))

@@ -283,8 +283,8 @@ def delete_file(fs: FileSystem, fs_path: str) -> None:
 
 @contextlib.contextmanager
 def write_probe(location: str) -> Iterator[tuple[str, bytes]]:
-    """The one write check: yields (location, content) of a random marker written into
-    ``location``, to read back here or on every node, then removes it (and a folder it made).
+    """Yields (location, content) of a random marker written into ``location``, to read
+    back here or on every node, then removes it (and a folder it made).
 
     Example:
         >>> import tempfile

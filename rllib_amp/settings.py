@@ -59,11 +59,9 @@ MISSING_CHECKPOINT = (
 class WarmStart:
     """Where a run's loss scales start: another run's checkpoint (``AmpSettings.warm_start``).
 
-    Written ``{"from": CHECKPOINT, "modules": {new_id: old_id}}`` in YAML and ``with_amp``.
-    Seeds each module's scale and growth tracker (not weights, not optimizer state) from the
-    scaler of ``old_id`` in that checkpoint, when the learner builds its modules
-    (``rllib_amp.scaling.warm_start``). Without ``modules``, every module of the run is seeded from
-    the module of the same id.
+    Written ``{"from": CHECKPOINT, "modules": {new_id: old_id}}``: each module's scale and
+    growth tracker come from ``old_id``'s scaler there (``rllib_amp.scaling.warm_start``);
+    without ``modules``, from the module of the same id.
 
     Attributes:
         path: The checkpoint: an Algorithm checkpoint folder or a learner folder; a local
@@ -215,10 +213,8 @@ class AmpSettings:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object] | None, *, where: str = "amp") -> AmpSettings:
-        """Builds validated settings from a plain mapping (a YAML block, a Tune config).
-
-        ``enabled: null`` (YAML) means "auto". Unknown keys and invalid values raise
-        ValueError naming the key, the value and what is allowed.
+        """Validated settings from a plain mapping (a YAML block, a Tune config); ``enabled:
+        null`` means "auto". ValueError names a bad key, its value and what is allowed.
 
         Example:
             >>> AmpSettings.from_dict({"enabled": None}).enabled
@@ -294,12 +290,9 @@ def _normalise(s: AmpSettings) -> None:
                 put(key, int(value))  # type: ignore[call-overload]
     for key in _INT_FIELDS:
         value = getattr(s, key)
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if real and (isinstance(value, numbers.Integral) or float(value).is_integer()):
             put(key, int(value))
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            as_float = float(value)
-            if as_float.is_integer():
-                put(key, int(as_float))
 
 
 def _validate(s: AmpSettings) -> None:
@@ -381,10 +374,8 @@ def store_in_config(
     *,
     searched: Mapping[str, object] | None = None,
 ) -> None:
-    """Writes ``settings`` into ``config``; ``searched`` puts Tune samplers at some fields.
-
-    Samplers are for a Tune ``param_space``: Tune replaces them with values before a trial
-    builds its learner, which then validates them through ``settings_from_config``.
+    """Writes ``settings`` into ``config``; ``searched`` puts Tune samplers at some fields
+    (Tune samples them before a trial's learner validates them in ``settings_from_config``).
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig

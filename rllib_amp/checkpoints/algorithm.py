@@ -1,27 +1,17 @@
 """Algorithm checkpoints that restore all or nothing, and results that always carry the AMP
-metrics; ``with_amp`` sets these classes.
+metrics; ``with_amp`` sets these classes (``rllib_amp.algorithms.amp_algorithm_class``).
 
-RLlib's ``Algorithm.restore_from_path`` loads the learner group first, then the env runner,
-then the algorithm's own state, so a damaged file found on the way leaves the weights and
-scaler state already replaced. ``Algorithm.from_checkpoint`` and a Tune trial's restore both
-end in that method. ``AmpAlgorithmMixin`` wraps it: the whole checkpoint is read and checked
-(``rllib_amp.checkpoint_files.verify_checkpoint``) before RLlib loads anything, including that
-every state file RLlib's restore will read for this algorithm is there, with or without a
-manifest (``rllib_restore_files``). Every save writes a manifest of checksums after RLlib's own
-files, so bytes changed later are caught too.
+RLlib's ``Algorithm.restore_from_path`` (where ``from_checkpoint`` and a Tune trial's restore
+end) loads the learner group, then the env runner, then the algorithm's own state, so a
+damaged file found on the way leaves half a state replaced. ``AmpAlgorithmMixin`` reads and
+checks the whole checkpoint first (``verify_checkpoint``), including every state file
+RLlib's restore will read (``rllib_restore_files``); every save writes a manifest of
+checksums after RLlib's own files.
 
-A Tune trial restores through ``Trainable.restore``, which gets Tune's record of the
-checkpoint (its filesystem and path). When that checkpoint is damaged, the mixin restores the
-newest intact older ``checkpoint_*`` folder of the same trial instead
-(``rllib_amp.checkpoints.fallback.intact_checkpoint_before``), on a resume and on Tune's own
-retries alike; Tune's records are left as they are.
-
-An iteration in which no update finished (APPO's learner thread waits for its first batch,
-also after a restore) has no learner results: its AMP metrics come from the scalers as they
-stand (``AmpLearnerMixin.amp_values_without_an_update``) instead of reading None.
-
-The algorithm registry (``rllib_amp.algorithms.amp_algorithm_class``) puts the mixin in
-front of each Algorithm class.
+A Tune trial whose checkpoint is damaged restores the newest intact older one of the same
+trial instead (``fallback.intact_checkpoint_before``), on a resume and on Tune's own retries
+alike. An iteration in which no update finished (APPO waits for its first batch) gets its
+AMP metrics from the scalers as they stand instead of None.
 
 Example:
     >>> from rllib_amp.algorithms import amp_algorithm_class
@@ -170,10 +160,9 @@ class AmpAlgorithmMixin(_MixinBase):
 def fill_amp_metrics(
     result: ResultDict, learner_group: LearnerGroup, keys: tuple[str, ...] | None
 ) -> tuple[str, ...] | None:
-    """Gives each module's AMP metric that ``result`` lacks (or holds as None or NaN) the value
-    its learner's scaler has now. ``keys``: the AMP metric keys, None before the learners were
-    first asked; they are asked only then and when one of those keys is missing. Returns the
-    keys (() when the learners have no scalers: nothing to fill, ever)."""
+    """Gives each module's AMP metric that ``result`` lacks (or holds as None or NaN) its
+    scaler's value now. ``keys``: None until the learners were first asked, asked again only
+    when one is missing. Returns the keys (() when the learners have no scalers)."""
     learners = result.setdefault(LEARNER_RESULTS, {})
     entries = [v for k, v in learners.items() if k != "__all_modules__" and isinstance(v, dict)]
     if keys and entries and all(_known(entry.get(key)) for entry in entries for key in keys):

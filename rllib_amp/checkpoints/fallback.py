@@ -76,8 +76,7 @@ class DamagedCheckpoint:
 
 @dataclass(frozen=True)
 class CheckpointChoice:
-    """The newest intact checkpoint of a trial folder (None if none is) and the newer damaged
-    ones skipped to reach it, newest first."""
+    """A trial's newest intact checkpoint (or None), and the newer damaged ones skipped."""
 
     trial_dir: str
     intact: str | None
@@ -114,11 +113,9 @@ def newest_intact_checkpoint(
 ) -> CheckpointChoice:
     """The newest checkpoint of a Tune trial folder that passes ``verify_checkpoint``.
 
-    Checkpoints are read newest first (by their ``checkpoint_NNNNNN`` index) until one is
-    intact; older ones are not read. With ``move_damaged=True`` and an intact checkpoint
-    found, the damaged ones are renamed to ``<name>.damaged`` (``.damaged-2``, ... if taken);
-    nothing is deleted. Without an intact checkpoint nothing is moved. FileNotFoundError if
-    ``trial_dir`` is no folder.
+    Read newest first until one is intact. ``move_damaged=True``: once one is, the damaged
+    ones are renamed to ``<name>.damaged`` (``-2``... if taken); nothing is deleted.
+    FileNotFoundError if ``trial_dir`` is no folder.
 
     Example:
         >>> newest_intact_checkpoint("s3://bucket/sweep/trial_0").intact  # doctest: +SKIP
@@ -198,8 +195,7 @@ def _move_aside(fs: pyarrow.fs.FileSystem, folder: str, *, copy: bool = False) -
 
 
 class NoIntactCheckpointError(CheckpointError):
-    """Trials Tune would resume have no intact checkpoint left: a resume would fail on every
-    retry. ``stranded``: one CheckpointChoice per such trial (``intact`` None)."""
+    """Trials Tune would resume have no intact checkpoint left (``stranded``: their choices)."""
 
     def __init__(self, stranded: tuple[CheckpointChoice, ...]) -> None:
         self.stranded = stranded
@@ -219,11 +215,8 @@ class NoIntactCheckpointError(CheckpointError):
 
 
 def intact_checkpoint_before(fs: pyarrow.fs.FileSystem, checkpoint: str) -> str | None:
-    """The newest intact checkpoint of ``checkpoint``'s trial older than it, else None.
-
-    What a trial restores instead of a damaged ``checkpoint``
-    (``rllib_amp.checkpoints.algorithm``). Checkpoints a resume found damaged
-    (``is_kept_aside``) are passed over without reading them.
+    """The newest intact checkpoint of ``checkpoint``'s trial older than it, else None;
+    those a resume found damaged (``is_kept_aside``) are passed over unread.
 
     Example:
         >>> intact_checkpoint_before(pyarrow.fs.LocalFileSystem(), "/t/checkpoint_000000")
@@ -256,20 +249,16 @@ def resume_from_intact_checkpoints(
 ) -> list[CheckpointChoice]:
     """Before a resume: each trial's damaged checkpoints are found, said and kept aside.
 
-    For each trial folder with checkpoints, finds the newest intact one and keeps the damaged
-    newer ones aside as ``<name>.damaged``. Tune's experiment state is not touched: it still
-    names a damaged checkpoint as the trial's latest, and the trial's own restore
-    (``AmpAlgorithmMixin.restore``) restores ``intact_checkpoint_before`` it instead. So the
-    damaged checkpoints Tune holds records of are copied aside (Tune deletes the originals
-    when its ``num_to_keep`` passes them); newer ones it never recorded are moved (Tune
-    writes its next checkpoint under such a name). Logs one WARNING per trial that falls
-    back. Returns one CheckpointChoice per trial folder with checkpoints.
-    FileNotFoundError if the folder holds no experiment state.
+    Per trial folder with checkpoints: the newest intact one, the damaged newer ones kept
+    aside as ``<name>.damaged`` and one WARNING. Tune's experiment state still names a damaged
+    checkpoint; the trial's restore (``AmpAlgorithmMixin.restore``) takes
+    ``intact_checkpoint_before`` it. So the damaged ones Tune recorded are copied aside (Tune
+    deletes them past ``num_to_keep``); newer ones it never recorded are moved (Tune writes
+    its next checkpoint under such a name). FileNotFoundError without an experiment state.
 
-    A trial Tune would resume (not finished, not errored) from a checkpoint when none of its
-    checkpoints is intact: NoIntactCheckpointError, before anything is kept aside. With
-    ``restart_damaged=True`` such a trial's damaged checkpoints are kept aside too, and its
-    restore finds none intact: it runs again from its first iteration.
+    A trial Tune would resume (not finished, not errored) with no intact checkpoint:
+    NoIntactCheckpointError, before anything is kept aside; with ``restart_damaged=True`` its
+    damaged checkpoints are kept aside too, and it runs again from its first iteration.
 
     Example:
         >>> for c in resume_from_intact_checkpoints("/runs/sweep"):  # doctest: +SKIP
@@ -277,7 +266,13 @@ def resume_from_intact_checkpoints(
         ...         print(c.describe())
     """
     fs, root = resolve(experiment_dir, filesystem)
-    state = json.loads(read_bytes(fs, _newest_experiment_state(fs, root)))
+    # Tune resumes from the newest state file.
+    if (state_file := experiment_state_file(fs, root)) is None:
+        raise FileNotFoundError(
+            f"{display_path(fs, root)}: no {EXPERIMENT_STATE_GLOB} here, so no Tune experiment "
+            f"to resume; pass the experiment folder (storage path / name)"
+        )
+    state = json.loads(read_bytes(fs, state_file))
     choices, fs_paths = [], {}
     for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=False)):
         if info.type == pyarrow.fs.FileType.Directory and checkpoint_folders(fs, info.path):
@@ -356,14 +351,3 @@ def _latest_recorded_checkpoints(trial_data: list[list[str]]) -> dict[str, tuple
             done = status in ("TERMINATED", "ERROR")
             records[posixpath.basename(trial)] = ("done" if done else "resumed", name)
     return records
-
-
-def _newest_experiment_state(fs: pyarrow.fs.FileSystem, root: str) -> str:
-    # Tune resumes from the newest state file (rllib_amp.fs.experiment_state_file).
-    path = experiment_state_file(fs, root)
-    if path is None:
-        raise FileNotFoundError(
-            f"{display_path(fs, root)}: no {EXPERIMENT_STATE_GLOB} here, so no Tune experiment "
-            f"to resume; pass the experiment folder (storage path / name)"
-        )
-    return path

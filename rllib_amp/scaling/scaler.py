@@ -108,14 +108,11 @@ class _Scale:
 class PolicyScaler:
     """Loss scaling and step skipping for one policy (RLModule).
 
-    Call order per optimizer step: ``scale(loss)`` -> backward -> ``unscale_(optimizers)``
-    with all of the module's optimizers -> (gradient clipping) -> ``step(optimizers)``,
-    which steps every optimizer or none and calls the GradScaler's ``update()`` once.
+    Per optimizer step: ``scale(loss)`` -> backward -> ``unscale_(optimizers)`` (all of the
+    module's) -> clipping -> ``step(optimizers)``: every optimizer or none, then one update.
 
-    ``share_scale_with``: use that scaler's live scale and growth tracker instead of a scale
-    of its own (``AmpSettings.shared_scaler``). Each module still steps or skips on its own
-    gradients and keeps its own counters; the scale updates once per step, after every
-    sharing module that unscaled has stepped, and backs off if any of them overflowed.
+    ``share_scale_with``: use that scaler's live scale (``AmpSettings.shared_scaler``); each
+    module still steps or skips on its own gradients and keeps its own counters.
     """
 
     def __init__(

@@ -81,10 +81,8 @@ def learner_state_file(path: str) -> str | None:
 
 
 def read_scaler_states(path: str) -> dict[str, ScalerState]:
-    """ModuleID -> saved PolicyScaler state of the checkpoint at ``path``.
-
-    Raises ValueError naming ``amp.warm_start.from`` and the fix when the path does not
-    exist, holds no learner state file, cannot be read, or holds no AMP scaler state.
+    """ModuleID -> saved PolicyScaler state of the checkpoint at ``path``; ValueError naming
+    ``amp.warm_start.from`` and the fix when there is none to read.
 
     Example:
         >>> read_scaler_states("/no/such/checkpoint")
@@ -180,10 +178,9 @@ def warm_start_seeds(
 ) -> dict[str, tuple[float, int]]:
     """new ModuleID -> (scale, growth tracker) to seed it with, read from the checkpoint.
 
-    ``module_ids``: this run's modules (None: unknown yet, e.g. before a sweep starts; then
-    only the checkpoint side of the map is checked). Raises ValueError naming the key and
-    the fix when the checkpoint holds no loss scale, or the map names a module missing from
-    the checkpoint or from this run.
+    ``module_ids``: this run's modules (None: not known yet; only the checkpoint side is
+    checked). ValueError, naming the key and the fix, for a checkpoint without a loss scale
+    or a map naming a module missing there or in this run.
 
     Example:
         >>> from rllib_amp.settings import WarmStart
@@ -234,10 +231,8 @@ def warm_start_seeds(
 
 
 def check_warm_start(settings: AmpSettings, module_ids: Iterable[str] | None = None) -> None:
-    """Reads ``settings.warm_start``'s checkpoint now: ValueError as the learner would raise.
-
-    For command lines that must refuse bad input before anything starts. No-op without a
-    warm start.
+    """Reads ``settings.warm_start``'s checkpoint now (if any): ValueError as the learner
+    would raise, for command lines that refuse bad input before anything starts.
 
     Example:
         >>> check_warm_start(AmpSettings())  # no warm start: nothing to check
@@ -247,11 +242,8 @@ def check_warm_start(settings: AmpSettings, module_ids: Iterable[str] | None = N
 
 
 def apply_warm_start(scalers: Mapping[str, PolicyScaler], warm: WarmStart | None) -> None:
-    """Seeds the scalers of a learner that just built its modules (one INFO line each).
-
-    Modules that share one scale get the smallest of their seeds. Without loss scaling
-    (float32, bfloat16) there is no scale to seed: one WARNING, nothing read.
-    """
+    """Seeds the scalers of a learner that just built its modules (one INFO line each);
+    without loss scaling (float32, bfloat16) one WARNING, nothing read."""
     if warm is None:
         return
     if not any(s.scaling for s in scalers.values()):
