@@ -139,14 +139,19 @@ def algorithm_config(
     envs.configure_env(config, d["env"], d["env_config"])
     if d["training"]:
         config.training(**d["training"])
-    by_method: dict[str, dict[str, Any]] = {}
-    for key, value in d["resources"].items():
-        by_method.setdefault(RESOURCES[key][0], {})[key] = value
-    if by_method.get("env_runners"):
-        config.env_runners(**by_method["env_runners"])
-    if by_method.get("learners"):
-        config.learners(**by_method["learners"])
-    _set_model(config, d["model"], d["env"], d["algorithm"])
+    for method in ("env_runners", "learners"):
+        kwargs = {k: v for k, v in d["resources"].items() if RESOURCES[k][0] == method}
+        if kwargs:
+            getattr(config, method)(**kwargs)
+    model = dict(d["model"])
+    preset = model.pop("preset", None)
+    batchnorm = model.pop("batchnorm", False)
+    if preset:
+        model = models.model_config(str(preset), image=envs.is_atari(d["env"]), overrides=model)
+    config.rl_module(model_config=model)
+    if batchnorm:
+        module_class = algorithm(d["algorithm"]).batchnorm_module
+        config.rl_module(rl_module_spec=RLModuleSpec(module_class=module_class, model_config=model))
     if d["seed"] is not None:
         config.debugging(seed=d["seed"])
     # Tag the learners' Ray metrics (dashboard / Prometheus) with the Tune trial.
@@ -156,17 +161,3 @@ def algorithm_config(
     if amp_searched:
         store_in_config(config, settings, searched=amp_searched)
     return config
-
-
-def _set_model(config: AlgorithmConfig, section: Mapping[str, object], env: str, algo: str) -> None:
-    model = dict(section)
-    preset = model.pop("preset", None)
-    batchnorm = model.pop("batchnorm", False)
-    image = envs.is_atari(env)
-    model_cfg = models.model_config(str(preset), image=image, overrides=model) if preset else model
-    config.rl_module(model_config=model_cfg)
-    if batchnorm:
-        module_class = algorithm(algo).batchnorm_module
-        config.rl_module(
-            rl_module_spec=RLModuleSpec(module_class=module_class, model_config=model_cfg)
-        )

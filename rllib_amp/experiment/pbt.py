@@ -28,7 +28,6 @@ from rllib_amp.settings import AMP_CONFIG_KEY
 if TYPE_CHECKING:
     from rllib_amp.experiment.data import ExperimentData, PbtSection, SamplerSpec, TuneSection
 
-# (experiment so far, dotted key, sampler, where, path) -> None: the schema's value check.
 CheckValues = Callable[["ExperimentData", str, Sampler, str, str], None]
 
 # Settings that a PBT exploit cannot carry over, and why; every other AMP setting may mutate.
@@ -51,11 +50,13 @@ _NOT_MUTABLE_UNDER_PBT = {
 def check_pbt_mutations(mutations: Mapping[str, object], *, searched: Iterable[str] = ()) -> None:
     """Refuses AMP settings that Population Based Training cannot change mid-run.
 
-    ``mutations`` is PBT's ``hyperparam_mutations`` (flat dotted keys such as
-    ``amp.init_scale``, or nested mappings); ``searched`` the keys of the initial search.
-    An AMP key is a field name, alone or under ``amp.`` / ``learner_config_dict.rllib_amp.``.
-    Raises ValueError naming the key, why, and the fix. growth_interval, growth_factor and
-    backoff_factor may mutate: a recipient keeps its own and continues the donor's scale.
+    Args:
+        mutations: PBT's ``hyperparam_mutations``, flat dotted keys (``amp.init_scale``) or
+            nested mappings; an AMP key is a field name, alone or under ``amp.``,
+            ``rllib_amp.`` or ``learner_config_dict.rllib_amp.``.
+        searched: The keys of the initial search.
+
+    Raises ValueError naming the key, why, and the fix.
 
     Example:
         >>> check_pbt_mutations({"amp.growth_interval": [100, 2000], "training.lr": [1e-4]})
@@ -113,8 +114,8 @@ PBT_EXAMPLE = (
 def check_tune(
     value: object, exp: ExperimentData, path: str, check_values: CheckValues
 ) -> TuneSection:
-    """The ``tune`` section, normalised; ``check_values`` checks a PBT mutation's values as
-    its section checks a search entry's (the schema's own, passed in)."""
+    """The ``tune`` section, normalised; ``check_values`` is the schema's check of a search
+    entry's values, for PBT's mutations."""
     given = check_mapping(path, "tune", value)
     check_keys(path, "tune", given, TUNE_DEFAULTS)
     t = {**TUNE_DEFAULTS, **given}
@@ -141,13 +142,11 @@ def check_tune(
             "tune.pbt",
             f"set, but tune.scheduler is {t['scheduler']!r}; add 'scheduler: pbt' or drop pbt",
         )
-    # Every key checked above, the defaults filling in the rest.
-    return cast("TuneSection", t)
+    return cast("TuneSection", t)  # every key checked above, or a default
 
 
 def _pbt(value: object, exp: ExperimentData, path: str, check_values: CheckValues) -> PbtSection:
-    """tune.pbt, normalised: every mutation a one-key sampler mapping ({choice: [...]} for a
-    list); its values checked by their section's validator, like search entries."""
+    """tune.pbt, normalised: every mutation a sampler spec ({choice: [...]} for a list)."""
     if value is None:
         raise err(path, "tune.pbt", f"missing for scheduler pbt; add e.g. {PBT_EXAMPLE}")
     given = check_mapping(path, "tune.pbt", value)
@@ -199,8 +198,7 @@ def _pbt(value: object, exp: ExperimentData, path: str, check_values: CheckValue
         check_values(exp, key, sampler, f"{where}.{key}", path)
         out[key] = sampler.to_dict()
     pbt["hyperparam_mutations"] = out
-    # Every key checked above, the defaults filling in the rest.
-    return cast("PbtSection", pbt)
+    return cast("PbtSection", pbt)  # every key checked above, or a default
 
 
 def check_pbt_needs(exp: ExperimentData, path: str) -> None:

@@ -2,19 +2,12 @@
 
 ``--dry-run`` runs these checks, and a real run runs them before Ray starts, so that a config
 that would crash every trial (each retried ``max_failures`` times) is one line and exit 2:
-
-1. ``stop`` keys and ``tune.metric`` are keys the algorithm reports (``results.catalog``);
-   anything else is refused with the nearest real key.
-2. Every AlgorithmConfig the sweep can produce is built and passes RLlib's own
-   ``config.validate()``: every grid point, each ``choice`` value, and each range sampler at
-   its edges plus a few seeded draws (``sweep_points``).
-3. The env is constructed once with its ``env_config`` by the env runner class the config
-   names, as a trial would (with one env and no GPU), with the RLModule and RLlib's
-   connectors, and closed. Again for each other ``env_config`` or ``model`` the sweep
-   produces (a few at most).
-
-Nothing here starts Ray. RLlib's warnings during these builds are silenced (the real run
-shows them); a failure is one ExperimentError line naming the key and the fix.
+1. ``stop`` keys and ``tune.metric`` are keys the algorithm reports (``results.catalog``).
+2. Every AlgorithmConfig the sweep can produce (``sweep_points``) passes RLlib's own
+   ``config.validate()``.
+3. The env runner class the config names builds the env (with its ``env_config``) and the
+   RLModule, as a trial would (one env, no GPU), once per distinct ``env_config``/``model``.
+RLlib's output during these builds is silenced (the real run shows it).
 
 Example:
     >>> from rllib_amp import experiment as E
@@ -151,15 +144,14 @@ def _trial(exp: Experiment, point: Mapping[str, object]) -> Experiment:
 
 
 def _build(exp: Experiment, trial: Experiment, point: Mapping[str, object]) -> AlgorithmConfig:
+    stage = "building the AlgorithmConfig"
     with _quiet():
         try:
             config = trial.algorithm_config()
-        except Exception as e:  # RLlib's builder methods raise what they like
-            raise _failure(exp, "building the AlgorithmConfig", e, point, "training") from None
-        try:
+            stage = "RLlib's config.validate()"
             config.validate()
-        except Exception as e:
-            raise _failure(exp, "RLlib's config.validate()", e, point, "training") from None
+        except Exception as e:  # RLlib's builder methods raise what they like
+            raise _failure(exp, stage, e, point, "training") from None
     return config
 
 
@@ -216,7 +208,7 @@ def _build_runtime(
         try:
             runner = runner_cls(config=local)
         except Exception as e:
-            if _raised_in(e, "make_module"):
+            if any(f.name == "make_module" for f in traceback.extract_tb(e.__traceback__)):
                 raise _failure(exp, "building the RLModule", e, point, "model") from None
             raise _failure(
                 exp, f"constructing {exp.env} with env_config", e, point, default_key
@@ -225,26 +217,12 @@ def _build_runtime(
             runner.stop()  # closes the env
 
 
-def _raised_in(e: BaseException, function: str) -> bool:
-    return any(frame.name == function for frame in traceback.extract_tb(e.__traceback__))
-
-
 # -- messages -------------------------------------------------------------------------------
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     if len(text) > 300:
         text = text[:300] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def _error_with_cause(e: BaseException) -> str:
-    """The error in one line, with the one it was raised from: RLlib re-raises some errors as
-    something else (a module that cannot be built ends as a deprecation message)."""
-    line = _one_line(e)
-    below = e.__cause__ or e.__context__
-    if below is not None and str(below) not in str(e):
-        line += f" (raised while handling {_one_line(below)})"
-    return line
 
 
 def _named_key(exp: Experiment, message: str, default: str, point: Mapping[str, object]) -> str:
@@ -264,7 +242,12 @@ def _failure(
 ) -> ExperimentError:
     if isinstance(e, ExperimentError):
         return ExperimentError(f"{e}{_where(point)}")
-    what = _error_with_cause(e)
+    what = _one_line(e)
+    # RLlib re-raises some errors as something else (a module that cannot be built ends as a
+    # deprecation message): the one below is the telling one.
+    below = e.__cause__ or e.__context__
+    if below is not None and str(below) not in str(e):
+        what += f" (raised while handling {_one_line(below)})"
     key = _named_key(exp, what, default, point)
     return ExperimentError(
         f"{exp.path}: {key}: {stage} failed{_where(point)}: {what}; fix {key} (the sweep would "

@@ -64,10 +64,8 @@ def _line(mark: yaml.Mark) -> int:
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with bounded aliases and nesting, no duplicate keys, float64-sized numbers.
-
-    It also reads ``1e-4`` as a float (PyYAML's YAML 1.1 wants ``1.0e-4``).
-    """
+    """SafeLoader with bounded aliases and nesting, no duplicate keys, float64-sized numbers;
+    ``1e-4`` is a float (PyYAML's YAML 1.1 wants ``1.0e-4``)."""
 
     def __init__(self, stream: str):
         super().__init__(stream)
@@ -75,7 +73,6 @@ class _Loader(yaml.SafeLoader):
         self._depth = 0
         self._sizes: dict[int, int] = {}
 
-    # -- composing: aliases and depth --------------------------------------------------------
     def compose_node(self, parent: Node | None, index: object) -> Node:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
@@ -121,7 +118,6 @@ class _Loader(yaml.SafeLoader):
             )
         self._sizes[id(node)] = size
 
-    # -- constructing: duplicate keys and numbers ---------------------------------------------
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, MappingNode):
             seen: dict[Any, Node] = {}
@@ -175,13 +171,9 @@ class _Loader(yaml.SafeLoader):
         return _scalar(super().construct_yaml_timestamp, node, "a date")
 
 
-for _tag, _method in (
-    ("int", _Loader.construct_yaml_int),
-    ("float", _Loader.construct_yaml_float),
-    ("bool", _Loader.construct_yaml_bool),
-    ("timestamp", _Loader.construct_yaml_timestamp),
-):
-    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _method)  # type: ignore[arg-type]
+for _tag in ("int", "float", "bool", "timestamp"):
+    _method = getattr(_Loader, f"construct_yaml_{_tag}")
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _method)
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -229,36 +221,35 @@ def _byte_line(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
 
 
-def _not_text(path: str, data: bytes) -> ExperimentError | None:
-    """The error for bytes that are not UTF-8 text YAML can read, or None."""
+def _check_text(path: str, data: bytes) -> None:
+    """Refuses bytes that are not UTF-8 text YAML can read."""
     for bom, name in _UTF16_32_BOMS.items():
         if data.startswith(bom):
-            return ExperimentError(
+            raise ExperimentError(
                 f"{path}: the file is {name}, not UTF-8; save it as UTF-8 (e.g. iconv -f {name} "
                 f"-t UTF-8)"
             )
     nul = data.find(b"\0")
     if nul >= 0:
-        return ExperimentError(
+        raise ExperimentError(
             f"{path}: line {_byte_line(data, nul)}: a NUL byte: this is not a "
             f"text file; pass an experiment YAML such as tune_configs/cartpole_ppo_amp.yaml"
         )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        return ExperimentError(
+        raise ExperimentError(
             f"{path}: line {_byte_line(data, e.start)}: byte 0x{data[e.start]:02x} is not UTF-8; "
             f"save the file as UTF-8"
-        )
+        ) from None
     bad = yaml.reader.Reader.NON_PRINTABLE.search(text)
     if bad:
         at = bad.start()
-        return ExperimentError(
+        raise ExperimentError(
             f"{path}: line {text.count(chr(10), 0, at) + 1}, column "
             f"{at - text.rfind(chr(10), 0, at)}: control character U+{ord(bad.group()):04X} is "
             f"not allowed in YAML text; remove it"
         )
-    return None
 
 
 def _read_bytes(path: str) -> bytes:
@@ -326,9 +317,7 @@ def read_file(path: str) -> object:
     data = _read_bytes(path)
     if len(data) > MAX_FILE_BYTES:  # it grew after stat
         raise ExperimentError(f"{path}: more than {MAX_FILE_BYTES:,} bytes; pass the experiment")
-    error = _not_text(path, data)
-    if error is not None:
-        raise error
+    _check_text(path, data)
     try:
         raw = _yaml_load(data.decode("utf-8"))
     except yaml.YAMLError as e:
@@ -343,10 +332,8 @@ def read_file(path: str) -> object:
 
 
 def parse_override(item: str) -> tuple[str, object]:
-    """A ``--set`` item -> (dotted key, value); the value is read as YAML.
-
-    A value YAML cannot parse stays a string; one the loader refuses (a duplicate key, a number
-    beyond float64, an alias bomb) is an ExperimentError.
+    """A ``--set`` item -> (dotted key, value read as YAML): a string where YAML cannot parse
+    it, an ExperimentError where the loader refuses it (a duplicate key, an alias bomb...).
 
     Example:
         >>> parse_override("search.seed={grid: [0, 1]}")

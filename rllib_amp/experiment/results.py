@@ -23,7 +23,7 @@ import difflib
 import functools
 import importlib
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ray.rllib.core import ALL_MODULES, DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
@@ -37,22 +37,12 @@ from rllib_amp.learner import metrics as amp_metrics
 # Keys Tune puts on every result of a class Trainable. Its timesteps_total, episodes_total and
 # timesteps_since_restore are filled only when the trainable reports timesteps_this_iter,
 # which RLlib's new API stack never does: a stop on them never triggers.
-TUNE_KEYS: tuple[str, ...] = (
-    *(
-        k
-        for k in dict.fromkeys(tune_result.AUTO_RESULT_KEYS)
-        if k
-        not in (
-            tune_result.TIMESTEPS_TOTAL,
-            tune_result.EPISODES_TOTAL,
-            "timesteps_since_restore",
-            tune_result.CONFIG_PREFIX,
-        )
-    ),
+_NEVER_FILLED = {tune_result.TIMESTEPS_TOTAL, tune_result.EPISODES_TOTAL, "timesteps_since_restore"}
+TUNE_KEYS = (set(tune_result.AUTO_RESULT_KEYS) - _NEVER_FILLED - {tune_result.CONFIG_PREFIX}) | {
     tune_result.DONE,
     tune_result.TRIAL_ID,
     tune_result.EXPERIMENT_TAG,
-)
+}
 # Tune keys that are text, or bookkeeping: accepted, never offered as a suggestion.
 _NOT_SUGGESTED = {
     tune_result.HOSTNAME,
@@ -131,25 +121,6 @@ ALL_MODULES_HEADLINES = (
     rllib_metrics.NUM_MODULE_STEPS_TRAINED,
     rllib_metrics.NUM_MODULE_STEPS_TRAINED_LIFETIME,
 )
-
-
-def _identifier_constants(modules: Iterable[object]) -> set[str]:
-    """The values of the UPPER_CASE string constants of ``modules`` that look like key names."""
-    return {
-        value
-        for module in modules
-        for name, value in vars(module).items()
-        if name.isupper() and isinstance(value, str) and re.fullmatch(_NAME, value)
-    }
-
-
-def _rllib_modules(name: str) -> list[object]:
-    """The modules of the algorithm's and its learner's classes (where their key constants are)."""
-    record = algorithm(name)
-    algo_class = record.config_class().algo_class
-    classes = [*(algo_class.__mro__ if algo_class else ()), *record.learner.__mro__]
-    names = {c.__module__ for c in classes if c.__module__.startswith("ray.rllib.")}
-    return [rllib_metrics, rllib_learner, *(importlib.import_module(n) for n in sorted(names))]
 
 
 @dataclass(frozen=True)
@@ -242,7 +213,17 @@ def catalog(name: str) -> ResultCatalog:
     """
     record = algorithm(name)
     family = record.results
-    leaves = _identifier_constants(_rllib_modules(record.name))
+    # The UPPER_CASE string constants that look like key names, in the modules of the
+    # algorithm's and its learner's classes.
+    algo_class = record.config_class().algo_class
+    classes = [*(algo_class.__mro__ if algo_class else ()), *record.learner.__mro__]
+    names = sorted({c.__module__ for c in classes if c.__module__.startswith("ray.rllib.")})
+    leaves = {
+        value
+        for module in (rllib_metrics, rllib_learner, *map(importlib.import_module, names))
+        for constant, value in vars(module).items()
+        if constant.isupper() and isinstance(value, str) and re.fullmatch(_NAME, value)
+    }
     leaves.update(LITERAL_LEAVES)
     leaves.update(amp_metrics.ALL_KEYS)
     top = {*TUNE_KEYS, *RLLIB_TOP_KEYS, *family.top}

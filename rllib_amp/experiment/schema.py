@@ -45,7 +45,6 @@ from rllib_amp.settings import AmpSettings, WarmStart
 if TYPE_CHECKING:
     from rllib_amp.experiment.data import CheckpointSection, ExperimentData, Section
 
-EXAMPLES = {"algorithm": "PPO", "env": "CartPole-v1"}
 CHECKPOINT_DEFAULTS: dict[str, object] = {"frequency": 1, "num_to_keep": 2, "at_end": True}
 # Seeds go to numpy's and torch's generators, which take 32-bit seeds.
 SEED_MAX = 2**32 - 1
@@ -60,8 +59,7 @@ NOT_SEARCHABLE = {
 
 
 def _lr(path: str, v: object) -> None:
-    """A learning rate >= 0, or RLlib's schedule form: [[env_step, lr], ...] pairs, steps
-    increasing from 0, interpolated linearly (RLlib's ``Scheduler``)."""
+    """A learning rate >= 0, or RLlib's schedule: [[env_step, lr], ...], steps rising from 0."""
     if is_number(v):
         check_number(path, "training.lr", v, (int, float), 0.0)
         return
@@ -102,13 +100,9 @@ def with_dotted(
 
 
 # -- one validator per section: (raw value, sections checked so far, path) -> normalised ------
-def _required_name(section: str, value: object, path: str) -> None:
-    if value in (None, ""):
-        raise err(path, section, f"missing; add e.g. '{section}: {EXAMPLES[section]}'")
-
-
 def _algorithm(value: object, exp: ExperimentData, path: str) -> str:
-    _required_name("algorithm", value, path)
+    if value in (None, ""):
+        raise err(path, "algorithm", "missing; add e.g. 'algorithm: PPO'")
     if not isinstance(value, str):
         raise err(path, "algorithm", f"got {value!r}; allowed: {', '.join(ALGORITHMS)}")
     try:
@@ -118,7 +112,8 @@ def _algorithm(value: object, exp: ExperimentData, path: str) -> str:
 
 
 def _env(value: object, exp: ExperimentData, path: str) -> str:
-    _required_name("env", value, path)
+    if value in (None, ""):
+        raise err(path, "env", "missing; add e.g. 'env: CartPole-v1'")
     if not isinstance(value, str):
         raise err(path, "env", f"got {value!r}; expected a gymnasium id such as 'CartPole-v1'")
     from rllib_amp.envs import configure as envs
@@ -226,8 +221,7 @@ def _checkpoint(value: object, exp: ExperimentData, path: str) -> CheckpointSect
         check_number(path, "checkpoint.num_to_keep", ckpt["num_to_keep"], (int,), 1)
     if not isinstance(ckpt["at_end"], bool):
         raise err(path, "checkpoint.at_end", f"got {ckpt['at_end']!r}; expected true or false")
-    # Every key checked above, the defaults filling in the rest.
-    return cast("CheckpointSection", ckpt)
+    return cast("CheckpointSection", ckpt)  # every key checked above, or a default
 
 
 def _seed(value: object, exp: ExperimentData, path: str) -> int | None:
