@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
 
 import gymnasium as gym
 import numpy as np
@@ -52,8 +53,8 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 from ray.rllib.utils.numpy import convert_to_numpy
+from ray.rllib.utils.spaces.space_utils import batch as batch_items
 
-from rllib_amp.envs.step_arrays import Arrays, Step, buffer_items, join_arrays
 from rllib_amp.learner.env_runner import AmpEnvRunnerMixin
 from rllib_amp.settings import AMP_CONFIG_KEY
 
@@ -63,6 +64,63 @@ logger = logging.getLogger(__name__)
 _REWARDS_SPACE = gym.spaces.Box(-np.inf, np.inf, (), np.float32)
 _GET_ACTIONS = GetActions()  # stateless: one instance serves every step
 _EPISODE_CALLBACKS = ("on_episode_created", "on_episode_start", "on_episode_step", "on_episode_end")
+
+
+class Step(NamedTuple):
+    """One vector step, one row per env (N rows): its inputs, then ALE's ``step`` results."""
+
+    actions: np.ndarray
+    extras: dict[str, np.ndarray]  # the module's extra outputs, key -> (N, ...)
+    restarted: np.ndarray  # bool: this step was an autoreset
+    time: float  # time.perf_counter() after the step
+    obs: np.ndarray  # (N, stack, 84, 84) uint8 after the step
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    infos: dict[str, np.ndarray]
+
+
+class Arrays:
+    """The ``Step``s of one ``sample()`` call stacked: each array gains a leading step axis.
+
+    Example:
+        >>> z = np.zeros(2)
+        >>> step = Step(z, {}, z > 0, 0.0, np.zeros((2, 4, 84, 84), np.uint8), z, z > 0, z > 0, {})
+        >>> Arrays([step]).actions.shape
+        (1, 2)
+    """
+
+    def __init__(self, steps: Sequence[Step]) -> None:
+        self.obs = [s.obs for s in steps]
+        self.actions = np.stack([s.actions for s in steps])
+        self.extras = {k: np.stack([s.extras[k] for s in steps]) for k in steps[0].extras}
+        self.rewards = np.stack([s.rewards for s in steps]).astype(np.float32, copy=False)
+        self.terminated = np.stack([s.terminated for s in steps])
+        self.truncated = np.stack([s.truncated for s in steps])
+        self.info_keys = [k for k in steps[0].infos if not k.startswith("_")]
+        self.infos = {k: np.stack([s.infos[k] for s in steps]) for k in self.info_keys}
+        self.restarted = np.stack([s.restarted for s in steps])
+        self.times = [s.time for s in steps]
+
+    def info_dicts(self, rows: Sequence[int] | np.ndarray, env: int) -> list[dict[str, Any]]:
+        """The per-step info dicts of ``env`` at steps ``rows``, as gymnasium's DictInfoToList."""
+        columns = [self.infos[k][rows, env] for k in self.info_keys]
+        return [dict(zip(self.info_keys, values, strict=True)) for values in zip(*columns)]
+
+
+def buffer_items(buffer: InfiniteLookbackBuffer | None) -> Any:
+    """All of a buffer's data (lookback included) as one array, or None when empty."""
+    if buffer is None:
+        return None
+    data = buffer.data
+    if isinstance(data, list):
+        return batch_items(data) if data else None
+    return data if len(data) else None
+
+
+def join_arrays(old: Any, new: np.ndarray) -> np.ndarray:
+    """``new`` after ``old`` (None: nothing yet) along the first axis."""
+    return new if old is None else np.concatenate([np.asarray(old), new])
 
 
 def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
@@ -95,10 +153,8 @@ def unsupported_reason(runner: SingleAgentEnvRunner) -> str | None:
         if getattr(config, f"callbacks_{name}", None):
             return f"the config sets callbacks_{name}"
     for cls in force_list(config.callbacks_class):
-        for name in _EPISODE_CALLBACKS:
-            if isinstance(cls, type) and getattr(cls, name, None) is not getattr(
-                RLlibCallback, name
-            ):
+        for name in _EPISODE_CALLBACKS if isinstance(cls, type) else ():
+            if getattr(cls, name, None) is not getattr(RLlibCallback, name):
                 return f"the callbacks class {cls.__name__} overrides {name}"
     module = runner.module  # type: ignore[attr-defined]
     if module is None:

@@ -64,9 +64,9 @@ def insert_batchnorm(root: nn.Module) -> int:
     inserted = 0
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Sequential):
-                continue
-            if not any(isinstance(layer, nn.Conv2d) for layer in child):
+            if not isinstance(child, nn.Sequential) or not any(
+                isinstance(layer, nn.Conv2d) for layer in child
+            ):
                 continue
             layers: list[nn.Module] = []
             for layer in child:

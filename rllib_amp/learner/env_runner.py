@@ -1,11 +1,9 @@
 """EnvRunners whose forward passes (action computation) run under autocast.
 
-``with_amp`` sets these as the config's ``env_runner_cls`` (unless you set your own). The
-precision is ``AmpSettings.inference_dtype``; "auto" is the hardware's fast 16-bit type on a
-GPU, and on a CPU only from 16 envs per EnvRunner (smaller forward passes are faster in
-float32 there).
-Outputs are cast back to float32 before RLlib's connectors sample actions and compute
-log-probabilities.
+``with_amp`` sets these as the config's ``env_runner_cls`` (unless you set your own), in
+``AmpSettings.inference_dtype``: "auto" is the hardware's fast 16-bit type on a GPU, and on a
+CPU only from 16 envs per EnvRunner (smaller forward passes are faster in float32). Outputs
+are cast back to float32 before RLlib's connectors sample actions and compute log-probs.
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -36,10 +34,8 @@ _warned_missing: set[tuple[str, str]] = set()
 
 
 def autocast_forwards(module: object, precision: Precision) -> None:
-    """Wraps a module's exploration/inference forward passes in autocast (instance-level).
-
-    A module without one of RLlib's hooks (a future RLlib that renamed them, or a module that
-    is not an RLModule) keeps that pass in float32, with one WARNING per module class.
+    """Wraps a module's exploration/inference forward passes in autocast (instance-level); one
+    without RLlib's hook keeps that pass in float32, with one WARNING per module class.
 
     Example:
         >>> import torch

@@ -1,7 +1,5 @@
-"""Metric keys rllib-amp reports, in one place; their Ray gauges; the trial a learner serves.
-
-Per module, in the learner results (``result["learners"][module_id][KEY]``), so Tune,
-TensorBoard and the Ray dashboard see them.
+"""Metric keys rllib-amp reports, per module in the learner results
+(``result["learners"][module_id][KEY]``); their Ray gauges; the trial a learner serves.
 
 Example:
     >>> GRAD_SCALE
@@ -45,9 +43,8 @@ ALL_KEYS: tuple[str, ...] = (
 )
 
 
-# -- Ray metrics (dashboard / Prometheus) ---------------------------------------------------
-# Published by every learner after each update, tagged by trial and module; Ray exports them
-# on each node's metrics endpoint as ray_<name> (e.g. ray_rllib_amp_grad_scale).
+# Ray metrics, set by every learner after each update, tagged by trial and module; Ray exports
+# them on each node's metrics endpoint as ray_<name> (e.g. ray_rllib_amp_grad_scale).
 RAY_METRICS: dict[str, tuple[str, str]] = {
     GRAD_SCALE: ("rllib_amp_grad_scale", "Loss scale of the policy's GradScaler (1 = none)"),
     SKIPPED_STEPS_LIFETIME: (
@@ -86,12 +83,9 @@ _TRIAL_IN_DIRNAME = re.compile(r"^(.+?_(?:[0-9a-f]{5}_\d{5}|[0-9a-f]{8}))(?:_|$)
 
 
 def trial_name(algorithm: object) -> str:
-    """The Tune trial an Algorithm serves, or "default" outside Tune.
-
-    RLlib drops Tune's trial info when it turns the trial's config dict into an
-    AlgorithmConfig, so ``Algorithm.trial_name`` is "default" in every Tune trial; the trial's
-    folder (``Trainable.logdir``, Tune's ``working_dirs/<trial folder>``), set before
-    ``setup``, still names it.
+    """The Tune trial an Algorithm serves, or "default" outside Tune. RLlib drops Tune's trial
+    info from the AlgorithmConfig (``Algorithm.trial_name`` is "default" in every trial); the
+    trial's folder (``Trainable.logdir``: ``working_dirs/<trial folder>``) still names it.
 
     Example:
         >>> from types import SimpleNamespace

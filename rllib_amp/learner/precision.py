@@ -36,8 +36,6 @@ NORM_LAYER_TYPES: tuple[type[nn.Module], ...] = (
 
 T = TypeVar("T")
 
-_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
 
 @dataclass(frozen=True)
 class Precision:
@@ -55,7 +53,7 @@ class Precision:
 
     @property
     def name(self) -> str:
-        return _NAMES[self.dtype]
+        return str(self.dtype).removeprefix("torch.")  # float32, float16 or bfloat16
 
     def describe(self) -> str:
         if not self.enabled:
