@@ -1,10 +1,8 @@
 """The shape of a validated experiment (``schema.validate``'s result), as TypedDicts.
 
-``ExperimentData`` is what the validators build, one section at a time in ``schema.SECTIONS``
-order: each validator reads the sections checked before it, so the keys are not all
-required; ``validate`` returns every one. The free-form sections (``env_config``, ``model``,
-``amp``, ``training``, ``resources``) are ``Section``: key -> a value read from YAML, checked
-by the section's validator, passed on to RLlib or ``AmpSettings`` as it is.
+The validators build ``ExperimentData`` one section at a time (``schema.SECTIONS``), so its
+keys are not all required; ``validate`` returns every one. The free-form sections are
+``Section``: key -> a checked value read from YAML, passed on to RLlib or ``AmpSettings``.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from typing import TYPE_CHECKING, TypeAlias, TypedDict
 if TYPE_CHECKING:
     from rllib_amp.experiment.sampler import Sampler
 
-# One normalised free-form section: key -> a checked value read from YAML.
 Section: TypeAlias = dict[str, object]
 # A sampler written as plain data, e.g. {"grid": [0, 1]} (``Sampler.to_dict``).
 SamplerSpec: TypeAlias = dict[str, list[object]]
@@ -32,8 +29,6 @@ class PbtSection(TypedDict):
 
 
 class TuneSection(TypedDict):
-    """The ``tune`` section, defaults filled in."""
-
     metric: str
     mode: str
     num_samples: int
@@ -44,8 +39,6 @@ class TuneSection(TypedDict):
 
 
 class CheckpointSection(TypedDict):
-    """The ``checkpoint`` section, defaults filled in."""
-
     frequency: int
     num_to_keep: int | None
     at_end: bool

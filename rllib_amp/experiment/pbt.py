@@ -46,6 +46,9 @@ _NOT_MUTABLE_UNDER_PBT = {
     ),
 }
 
+# Where an AMP setting's name may sit in a mutation's key.
+_AMP_OWNERS = ("", "amp", AMP_CONFIG_KEY, f"learner_config_dict.{AMP_CONFIG_KEY}")
+
 
 def check_pbt_mutations(mutations: Mapping[str, object], *, searched: Iterable[str] = ()) -> None:
     """Refuses AMP settings that Population Based Training cannot change mid-run.
@@ -70,13 +73,7 @@ def check_pbt_mutations(mutations: Mapping[str, object], *, searched: Iterable[s
     for where, key in keyed:
         parts = key.split(".")
         for i, part in enumerate(parts):
-            owner = ".".join(parts[:i])
-            if part in _NOT_MUTABLE_UNDER_PBT and owner in (
-                "",
-                "amp",
-                AMP_CONFIG_KEY,
-                f"learner_config_dict.{AMP_CONFIG_KEY}",
-            ):
+            if part in _NOT_MUTABLE_UNDER_PBT and ".".join(parts[:i]) in _AMP_OWNERS:
                 raise ValueError(
                     f"{where}.{key}: cannot change under PBT: {_NOT_MUTABLE_UNDER_PBT[part]}"
                 )

@@ -1,9 +1,6 @@
-"""The RLlib keys an experiment sets, read from RLlib's own signatures.
-
-Which keyword arguments ``AlgorithmConfig.training`` takes (in every class of the config's
-MRO), of what kinds (from the type hints and defaults), which of them a YAML file cannot set,
-and the ``resources`` keys with the builder method each goes to. RLlib's signature is the
-schema for ``training``: a new RLlib release brings its new keys with it.
+"""The RLlib keys an experiment sets: the keyword arguments of ``AlgorithmConfig.training``
+(in every class of the config's MRO: RLlib's signature is the schema, so a new release brings
+its keys), their kinds, those a YAML file cannot set, and the ``resources`` keys.
 
 Example:
     >>> from rllib_amp.algorithms import algorithm
@@ -87,12 +84,7 @@ _UNCHECKED_HINTS = re.compile(r"\b(Any|Callable|Type|ForwardRef|Space|Learner)\b
 
 
 def kinds_of(value: object) -> str:
-    """The kind of a YAML value, in the words of ``training_types``.
-
-    Example:
-        >>> kinds_of(True), kinds_of(3), kinds_of([[0, 1e-3]]), kinds_of({"a": 1})
-        ('bool', 'int', 'list', 'mapping')
-    """
+    """The kind of a YAML value (bool, int, float, str, mapping, list), as ``training_types``."""
     # bool before int (a bool is an int); a tuple is a list
     kind = next((k for t, k in _KINDS.items() if isinstance(value, t)), None)
     return kind or ("list" if isinstance(value, tuple) else type(value).__name__)
@@ -140,13 +132,7 @@ def training_types(cls: type[AlgorithmConfig]) -> dict[str, frozenset[str]]:
 @functools.cache
 def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
     """``training`` keys a YAML file must not set -> why: deprecated (RLlib ignores some with
-    a log line, e.g. PPO's ``vf_share_layers``), or Python objects only.
-
-    Example:
-        >>> from rllib_amp.algorithms import algorithm
-        >>> unsettable_training_keys(algorithm("PPO").config_class)["vf_share_layers"]
-        'deprecated in RLlib (ignored or refused there); remove it'
-    """
+    a log line, e.g. PPO's ``vf_share_layers``), or Python objects only."""
     from ray._common.deprecation import DEPRECATED_VALUE
 
     out: dict[str, str] = {}
@@ -162,44 +148,30 @@ def unsettable_training_keys(cls: type[AlgorithmConfig]) -> dict[str, str]:
     return out
 
 
-def allowed_words(kinds: frozenset[str]) -> str:
-    """What a key of these kinds takes, in words for an error message.
-
-    Example:
-        >>> allowed_words(frozenset({"int", "float", "list"}))
-        'a number or a [[timestep, value], ...] schedule'
-    """
-    words = []
-    if "float" in kinds:
-        words.append("a number")
-        if "list" in kinds:
-            words.append("a [[timestep, value], ...] schedule")
-    elif "int" in kinds:
-        words.append("an integer")
-    for kind, word in (("bool", "true or false"), ("str", "a string"), ("mapping", "a mapping")):
-        if kind in kinds:
-            words.append(word)
-    if "list" in kinds and "float" not in kinds:
-        words.append("a list")
-    return " or ".join(words)
-
-
 def check_training_type(path: str, key: str, value: object, kinds: frozenset[str]) -> None:
-    """ExperimentError when ``training.key``'s value is of none of the kinds RLlib takes.
-
-    Example:
-        >>> check_training_type("exp.yaml", "n_step", 2.0, frozenset({"int", "list"}))
-        Traceback (most recent call last):
-        ...
-        rllib_amp.experiment.errors.ExperimentError: exp.yaml: training.n_step: got 2.0; ...
-    """
+    """ExperimentError when ``training.key``'s value is of none of the kinds RLlib takes."""
     if value is None:
         return  # RLlib's hints are all Optional
-    kind = kinds_of(value)
-    if kind not in kinds:
+    if kinds_of(value) not in kinds:
+        words = []
+        if "float" in kinds:
+            words.append("a number")
+            if "list" in kinds:
+                words.append("a [[timestep, value], ...] schedule")
+        elif "int" in kinds:
+            words.append("an integer")
+        for kind, word in (
+            ("bool", "true or false"),
+            ("str", "a string"),
+            ("mapping", "a mapping"),
+        ):
+            if kind in kinds:
+                words.append(word)
+        if "list" in kinds and "float" not in kinds:
+            words.append("a list")
         fix = f"; write {int(value)}" if isinstance(value, float) and value.is_integer() else ""
         raise err(
-            path, f"training.{key}", f"got {value!r}; RLlib expects {allowed_words(kinds)}{fix}"
+            path, f"training.{key}", f"got {value!r}; RLlib expects {' or '.join(words)}{fix}"
         )
     if isinstance(value, float) and math.isnan(value):
         raise err(path, f"training.{key}", f"got {value!r}; expected a number, not NaN")
