@@ -41,7 +41,9 @@ def format_value(v: object, *, as_typed: bool = False) -> str:
         return str(int(v)) if as_typed else f"{v:,.0f}"
     if as_typed or not is_number(v):
         return str(v)
-    return f"{v:,}" if isinstance(v, int) else f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
 
 
 def compact(v: object) -> str:

@@ -1,8 +1,6 @@
-"""``sweep.png``: the sweep per setting against env steps, in three panels: the Tune metric
-(the mean over seeds, a band from the lowest to the highest seed, a dashed line at the stop's
-target), log2 of the loss scale (where each scaler settled, or its saw-tooth of overflows) and
-the share of optimizer steps skipped. Seeds report at their own env steps: each curve is
-interpolated onto the union of them and averaged over the seeds still running there.
+"""``sweep.png``: per setting against env steps, the Tune metric (mean over seeds, a band from
+the lowest to the highest seed, a dashed line at the stop's target), log2 of the loss scale
+(where each scaler settled, or its saw-tooth of overflows) and the share of steps skipped.
 
 Example:
     >>> from rllib_amp.sweep.groups import group
@@ -51,8 +49,8 @@ def curves(grid: Iterable[Result], keys: Sequence[str]) -> dict[str, dict[str, l
 def _band(
     series: Sequence[tuple[Sequence[float], Sequence[float]]], log2: bool
 ) -> list[np.ndarray]:
-    """[x, mean, low, high] over seeds (of y, or of its log2), each seed interpolated onto the
-    union of their x and counted only from its own first x to its last."""
+    """[x, mean, low, high] over seeds (of y, or of its log2): seeds report at their own env
+    steps, so each is interpolated onto the union of them, counted from its first x to its last."""
     import numpy as np
 
     clean = []

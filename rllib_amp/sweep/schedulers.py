@@ -1,9 +1,8 @@
 """Tune schedulers for an experiment's ``tune.scheduler``: ASHA, and Population Based Training.
 
-PBT's exploit copies the donor's checkpoint, scaler state included (what wins after it:
-docs/update-step.md). Mutations are given by dotted experiment keys; Tune needs them where
-they sit in a trial's config dict (AMP settings under ``learner_config_dict.rllib_amp``),
-which ``config_path`` (``rllib_amp.sweep.summary.config_path``) says.
+PBT's exploit copies the donor's checkpoint, scaler state included (docs/update-step.md).
+Mutations name dotted experiment keys; Tune needs them where ``config_path`` says they sit in a
+trial's config dict (AMP settings under ``learner_config_dict.rllib_amp``).
 
 Example:
     >>> from rllib_amp import experiment as E
@@ -64,8 +63,8 @@ class KeepInRange:
 
 
 def param_space(exp: Experiment) -> AlgorithmConfig:
-    """The Tune ``param_space``: the experiment's config with its search space, and under PBT
-    each mutated key that is not searched drawn from its mutation for the first config."""
+    """The experiment's config with its search space; under PBT each mutated key that is not
+    searched drawn from its mutation for the first config."""
     return builder.algorithm_config(exp.data, searched=builder.initial_space(exp.data))
 
 
