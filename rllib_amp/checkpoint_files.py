@@ -36,7 +36,7 @@ import math
 import os
 import posixpath
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,7 +47,6 @@ from rllib_amp.checkpoint_manifest import (
     MANIFEST_FILE_NAME,
     CheckpointError,
     Location,
-    ManifestEntry,
     check_checksum,
     fail,
     find_manifest,
@@ -172,7 +171,25 @@ def verify_checkpoint(
                 "a file removed since)",
             )
     if manifest_path is not None:
-        _check_unlisted(fs, root, files, expected, manifest_path, required=set(required))
+        unlisted = [r for r in files if r not in expected and r != MANIFEST_FILE_NAME]
+        for rel in unlisted:
+            if rel in required or _is_state_file(rel) or posixpath.basename(rel) in _READ_BY_RLLIB:
+                fail(
+                    fs,
+                    posixpath.join(root, rel),
+                    f"is not listed in the manifest {display_path(fs, manifest_path)}, and "
+                    f"RLlib would load it: it was put there after the save",
+                )
+        if unlisted:
+            shown = [display_path(fs, posixpath.join(root, rel)) for rel in unlisted]
+            logger.warning(
+                "rllib_amp: checkpoint %s holds %d file(s) its manifest does not list, which "
+                "RLlib does not read: %s (added after the save; they are ignored)",
+                display_path(fs, root),
+                len(shown),
+                ", ".join(shown),
+                extra=event("unlisted_files", path=display_path(fs, root), files=shown),
+            )
     # Every listed file against the manifest before any file is parsed: parsing a pickle runs
     # code. With a manifest, an unlisted file (named in the WARNING) is never parsed.
     contents, checked = {}, 0
@@ -314,39 +331,6 @@ def _refuse_links_out_of(fs: pyarrow.fs.FileSystem, root: str) -> None:
             )
 
 
-def _check_unlisted(
-    fs: pyarrow.fs.FileSystem,
-    root: str,
-    files: list[str],
-    expected: dict[str, ManifestEntry],
-    manifest_path: str,
-    *,
-    required: set[str],
-) -> None:
-    """Files the manifest does not list: refused when RLlib reads them, else one WARNING."""
-    unlisted = [
-        rel for rel in files if rel not in expected and posixpath.join(root, rel) != manifest_path
-    ]
-    for rel in unlisted:
-        if rel in required or _is_state_file(rel) or posixpath.basename(rel) in _READ_BY_RLLIB:
-            fail(
-                fs,
-                posixpath.join(root, rel),
-                f"is not listed in the manifest {display_path(fs, manifest_path)}, and RLlib "
-                f"would load it: it was put there after the save",
-            )
-    if unlisted:
-        shown = [display_path(fs, posixpath.join(root, rel)) for rel in unlisted]
-        logger.warning(
-            "rllib_amp: checkpoint %s holds %d file(s) its manifest does not list, which RLlib "
-            "does not read: %s (added after the save; they are ignored)",
-            display_path(fs, root),
-            len(shown),
-            ", ".join(shown),
-            extra=event("unlisted_files", path=display_path(fs, root), files=shown),
-        )
-
-
 def _check_content(
     fs: pyarrow.fs.FileSystem, full: str, data: bytes, *, for_rllib: bool = True
 ) -> None:
@@ -381,7 +365,21 @@ def _check_content(
     # A warm start (not for RLlib) checks the scaler state it reads itself, value by value.
     if for_rllib and isinstance(obj, dict) and isinstance(obj.get(_AMP_STATE_KEY), dict):
         parts.append((_AMP_STATE_KEY, obj[_AMP_STATE_KEY]))
-        _check_scales(fs, full, obj[_AMP_STATE_KEY])
+        # A loss scale of 0 or below is as unusable as an inf one (which _nonfinite names).
+        for module_id, state in obj[_AMP_STATE_KEY].items():
+            for field, scale in scaler_state_defects(state):
+                try:
+                    value = float(scale) if field == "scale" else math.nan
+                except (TypeError, ValueError):
+                    continue
+                if math.isfinite(value) and value <= 0:
+                    fail(
+                        fs,
+                        full,
+                        f"holds a loss scale of {value:g} for module {module_id!r} at "
+                        f"{_AMP_STATE_KEY}/{module_id}/torch/scale: a loss scale must be > 0",
+                        advice="Restore from an earlier checkpoint.",
+                    )
     for key, part in parts:
         if (bad := next(_nonfinite(part, key), None)) is not None:
             fail(
@@ -391,24 +389,6 @@ def _check_content(
                 f"{bad[2]} inf): the run that saved it had diverged",
                 advice="Restore from an earlier checkpoint.",
             )
-
-
-def _check_scales(fs: pyarrow.fs.FileSystem, full: str, scalers: Mapping[str, object]) -> None:
-    """A saved loss scale of 0 or below is as unusable as an inf one (named by _nonfinite)."""
-    for module_id, state in scalers.items():
-        for field, scale in scaler_state_defects(state):
-            try:
-                value = float(scale) if field == "scale" else math.nan
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(value) and value <= 0:
-                fail(
-                    fs,
-                    full,
-                    f"holds a loss scale of {value:g} for module {module_id!r} at "
-                    f"{_AMP_STATE_KEY}/{module_id}/torch/scale: a loss scale must be > 0",
-                    advice="Restore from an earlier checkpoint.",
-                )
 
 
 def _nonfinite(obj: object, where: str) -> Iterator[tuple[str, int, int]]:

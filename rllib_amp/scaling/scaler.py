@@ -54,20 +54,17 @@ def grads_are_finite(optimizers: Iterable[torch.optim.Optimizer]) -> bool:
     if not grads:
         return True
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    sparse = []
     for g in grads:
-        if g.is_sparse:
-            sparse.append(g)
-        else:
+        if not g.is_sparse:
             groups.setdefault((g.device, g.dtype), []).append(g)
-    found: list[torch.Tensor] = []
+    found = [
+        (~torch.isfinite(g.coalesce().values()).all()).float().view(1) for g in grads if g.is_sparse
+    ]
     for (device, _), tensors in groups.items():
-        flag = torch.zeros(1, device=device)
+        found.append(flag := torch.zeros(1, device=device))
         torch._amp_foreach_non_finite_check_and_unscale_(
             tensors, flag, torch.ones(1, device=device)
         )
-        found.append(flag)
-    found += [(~torch.isfinite(g.coalesce().values()).all()).float().view(1) for g in sparse]
     first = found[0].device
     total = found[0] if len(found) == 1 else sum(f.to(first) for f in found)
     return not bool(total)
