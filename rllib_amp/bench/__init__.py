@@ -8,20 +8,14 @@ Variants (all in the same invocation, interleaved, several repetitions, medians)
   amp-bf16      rllib-amp, bfloat16 (GPU only)
 
 Figures (``figures``), on the workloads of ``workloads.WORKLOADS``:
-  1. learner update throughput (samples/s) on one fixed batch per algorithm: PPO (batch 1024
-     on CPU, 4096 on GPU, minibatch 256, 2 epochs, including the learner connector's GAE
-     pass) and DQN (batch 256), ALE/Pong-v5 observations, presets mini / full / high;
+  1. learner update throughput (samples/s) on one fixed batch per algorithm (PPO with the
+     learner connector's GAE pass, DQN), ALE/Pong-v5 observations, presets mini / full / high;
   2. peak memory of the update (CUDA: max_memory_allocated; CPU: peak resident memory of a
      child process per variant, above its resident memory before the update, with glibc's
      allocator defaults);
-  3. end-to-end env steps/s of PPO on ALE/Pong-v5 over a few training iterations, 16 envs
-     per EnvRunner (one batched forward pass per step for all of them);
-  4. (with PPO) the learner's fixed cost per minibatch step (``fixed_cost``): a PPO update
-     of a tiny network (CartPole, MLP [8], batch 4096, minibatch 256), in ms per step, the
-     difference of a 5-epoch and a 1-epoch update over the difference in optimizer steps
-     the learner took, on one torch thread: Python, RLlib's and the scaler's bookkeeping,
-     which a GPU pays on every minibatch (alone, raw figures kept:
-     ``python -m rllib_amp.bench.fixed_cost_run``);
+  3. end-to-end env steps/s of PPO on ALE/Pong-v5, 16 envs per EnvRunner;
+  4. (with PPO) the learner's fixed cost per minibatch step (``fixed_cost``: a tiny network,
+     in ms per step, on one torch thread; alone: ``python -m rllib_amp.bench.fixed_cost_run``);
   5. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
      fixed number of env steps.
 

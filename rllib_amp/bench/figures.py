@@ -53,10 +53,13 @@ def interleaved_reps(
 
 
 # -- figure 1: throughput ---------------------------------------------------------------------
-def bench_throughput(
-    algo: str, model: str, variants: Sequence[str], device: str, data: Batch, reps: int
+def throughput_cell(
+    algo: str, model: str, variants: Sequence[str], device: str, data_path: str, reps: int
 ) -> dict[str, list[float]]:
-    """Samples/s per variant: interleaved repetitions in one process, after warm-up rounds."""
+    """Samples/s per variant on the batch pickled at ``data_path``: interleaved repetitions in
+    one process (``in_child``'s), after warm-up rounds."""
+    with open(data_path, "rb") as f:
+        data: Batch = pickle.load(f)
     work = WORKLOADS[algo]
     learners = {v: build_learner(algo, model, v, device, data["spaces"]) for v in variants}
     runs = {
@@ -69,15 +72,6 @@ def bench_throughput(
             run()  # warm-up: lazy state, allocator, oneDNN / cuDNN kernel choice
     times = interleaved_reps(variants, reps, lambda v: runs[v]())
     return {v: [n / t for t in ts] for v, ts in times.items()}
-
-
-def throughput_cell(
-    algo: str, model: str, variants: Sequence[str], device: str, data_path: str, reps: int
-) -> dict[str, list[float]]:
-    """``bench_throughput`` on the batch pickled at ``data_path`` (for ``in_child``)."""
-    with open(data_path, "rb") as f:
-        data: Batch = pickle.load(f)
-    return bench_throughput(algo, model, variants, device, data, reps)
 
 
 # -- figure 2: memory -------------------------------------------------------------------------

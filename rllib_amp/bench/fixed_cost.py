@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from rllib_amp.bench.figures import WARMUP_ROUNDS, interleaved_reps
@@ -106,13 +106,10 @@ class StepCounter:
             for mid, _ in learner.module.items():
                 for _, opt in learner.get_optimizers_for_module(mid):
                     self._calls[id(opt)] = 0
-                    self._handles.append(opt.register_step_post_hook(self._hook(id(opt))))
+                    self._handles.append(opt.register_step_post_hook(self._count))
 
-    def _hook(self, key: int) -> Callable[..., None]:
-        def count(*_: object) -> None:
-            self._calls[key] += 1
-
-        return count
+    def _count(self, optimizer: object, *_: object) -> None:
+        self._calls[id(optimizer)] += 1
 
     def __call__(self) -> int:
         if self._scalers:

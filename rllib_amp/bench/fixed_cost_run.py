@@ -75,14 +75,11 @@ def table(data: RunsFile) -> str:
     heads = ["variant", *(f"run {i + 1}" for i in range(len(runs)))]
     if len(runs) > 1:
         heads.append(f"all {len(runs)} runs")
+        runs.append({v: [r for run in runs for r in run[v]] for v in runs[0]})
     rows = []
     for v in runs[0]:
-        cols = [(_ms(run[v]), _ms(run["fp32"]) if v != "fp32" else None) for run in runs]
-        if len(runs) > 1:
-            pooled = [x for ms, _ in cols for x in ms]
-            ref = [x for run in runs for x in _ms(run["fp32"])] if v != "fp32" else None
-            cols.append((pooled, ref))
-        rows.append([NAMES.get(v, v), *(_cell(*c) for c in cols)])
+        cells = (_cell(_ms(run[v]), None if v == "fp32" else _ms(run["fp32"])) for run in runs)
+        rows.append([NAMES.get(v, v), *cells])
     return markdown_table(heads, rows)
 
 

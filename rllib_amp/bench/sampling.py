@@ -15,11 +15,11 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rllib_amp.algorithms import algorithm as algorithm_record
@@ -75,56 +75,6 @@ def sampling_config(
     return cfg
 
 
-@dataclass(frozen=True)
-class SamplingThroughput:
-    """One timed EnvRunner.sample() call (after a warm-up call)."""
-
-    env_steps: int
-    seconds: float
-    cpu_seconds: float = 0.0  # CPU time of the whole process (all threads) meanwhile
-
-    @property
-    def steps_per_s(self) -> float:
-        return self.env_steps / self.seconds
-
-    @property
-    def steps_per_cpu_s(self) -> float:
-        """Env steps per CPU-second: the cost per step, steadier than wall time on shared cores."""
-        return self.env_steps / self.cpu_seconds if self.cpu_seconds else float("nan")
-
-
-def measure_sampling(
-    config: AlgorithmConfig,
-    *,
-    env_steps: int = 4096,
-    warmup_steps: int = 512,
-    torch_threads: int | None = None,
-) -> SamplingThroughput:
-    """Env steps per second of one EnvRunner built from ``config``, inference included.
-
-    The runner lives in this process (the config's ``env_runner_cls``, RLlib's
-    SingleAgentEnvRunner by default); actions come from its RLModule, as in training. Torch
-    runs ``num_cpus_per_env_runner`` threads meanwhile, as Ray sets for an EnvRunner actor
-    (OMP_NUM_THREADS); more threads than cores stall every small op on a busy machine.
-    """
-    import torch
-
-    from rllib_amp.bench.workloads import stock_env_runner
-
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(torch_threads or max(1, int(config.num_cpus_per_env_runner)))
-    try:
-        with stock_env_runner(config, config.env_runner_cls) as runner:
-            runner.sample(num_timesteps=warmup_steps, random_actions=False)
-            start, cpu_start = time.perf_counter(), time.process_time()
-            episodes = runner.sample(num_timesteps=env_steps, random_actions=False)
-            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-            steps = sum(len(e) for e in episodes)
-    finally:
-        torch.set_num_threads(threads_before)
-    return SamplingThroughput(env_steps=steps, seconds=seconds, cpu_seconds=cpu_seconds)
-
-
 # -- batched vs RLlib's loop ------------------------------------------------------------------
 def sampling_one(
     preprocessing: str,
@@ -135,15 +85,36 @@ def sampling_one(
     num_cpus: int = 2,
     torch_threads: int | None = None,
 ) -> tuple[float, float]:
-    """(env steps/s, env steps per CPU-second) of one EnvRunner on the Atari path
-    ``preprocessing`` (``sampler``: native only). A picklable job for ``in_child``."""
+    """(env steps/s, env steps per CPU-second) of one timed ``EnvRunner.sample()`` call, after
+    a warm-up call, on the Atari path ``preprocessing`` (``sampler``: native only), inference
+    included. A picklable job for ``in_child``.
+
+    The runner lives in this process (the config's ``env_runner_cls``, RLlib's
+    SingleAgentEnvRunner by default); actions come from its RLModule, as in training. Torch
+    runs ``num_cpus`` threads meanwhile (unless ``torch_threads``), as Ray sets for an EnvRunner
+    actor (OMP_NUM_THREADS); more threads than cores stall every small op on a busy machine.
+    CPU time is the whole process's (all threads): the cost per step, steadier than wall time
+    on shared cores.
+    """
+    import torch
+
+    from rllib_amp.bench.workloads import stock_env_runner
+
     cfg = sampling_config(
         preprocessing, num_envs=num_envs, model=model, num_cpus=num_cpus, sampler=sampler
     )
-    r = measure_sampling(
-        cfg, env_steps=env_steps, warmup_steps=min(512, env_steps), torch_threads=torch_threads
-    )
-    return r.steps_per_s, r.steps_per_cpu_s
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(torch_threads or max(1, num_cpus))
+    try:
+        with stock_env_runner(cfg, cfg.env_runner_cls) as runner:
+            runner.sample(num_timesteps=min(512, env_steps), random_actions=False)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            episodes = runner.sample(num_timesteps=env_steps, random_actions=False)
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+            steps = sum(len(e) for e in episodes)
+    finally:
+        torch.set_num_threads(threads_before)
+    return steps / seconds, steps / cpu_seconds if cpu_seconds else math.nan
 
 
 def raw_ale_one(
