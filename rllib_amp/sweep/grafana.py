@@ -66,8 +66,12 @@ def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> s
     folder = grafana_dashboard_dir(session_dir)
     if folder is None:
         return None
-    if blocker := _file_in_the_way(folder):  # Ray cannot write there either: no use waiting
-        _not_installed(folder, f"{blocker} is a file, not a folder")
+    # The nearest existing path at or above the folder: a file there stops Ray too (no use
+    # waiting for Ray to write the folder).
+    path = Path(os.path.abspath(folder))
+    existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), path)
+    if not existing.is_dir():
+        _not_installed(folder, f"{existing} is a file, not a folder")
         return None
     if not os.environ.get(GRAFANA_OUTPUT_DIR_ENV):
         deadline = time.monotonic() + wait_s
@@ -83,13 +87,6 @@ def install_dashboard(session_dir: str | None = None, wait_s: float = 15.0) -> s
         _not_installed(folder, root_error(e))
         return None
     return target
-
-
-def _file_in_the_way(folder: str) -> str | None:
-    """The nearest existing path at or above ``folder`` when it is no folder."""
-    path = Path(os.path.abspath(folder))
-    existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), path)
-    return None if existing.is_dir() else str(existing)
 
 
 def _not_installed(folder: str, why: str) -> None:

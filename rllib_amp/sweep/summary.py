@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 MODULE_ID = "default_policy"
 STEPS_KEY = "num_env_steps_sampled_lifetime"
-_TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})(?:_|$)")
 Row = Mapping[str, object]
 
 
@@ -244,7 +243,7 @@ def _on(storage: str | None, path: str | None) -> str | None:
 def _trial_id(trial_dir: str | None) -> str | None:
     """A trial's id from its folder name, for a trial that never reported a result: Tune
     names the folder ``{trainable}_{trial id}_{index}_{params}_{time}``, ids ``abcde_00000``."""
-    found = _TRIAL_ID.search(os.path.basename(trial_dir or ""))
+    found = re.search(r"_([0-9a-f]{5}_\d{5})(?:_|$)", os.path.basename(trial_dir or ""))
     return found.group(1) if found else None
 
 
