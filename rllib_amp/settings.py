@@ -16,7 +16,7 @@ import dataclasses
 import math
 import numbers
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -295,64 +295,58 @@ def _normalise(s: AmpSettings) -> None:
             put(key, int(value))
 
 
+def _int32_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT32_MAX
+
+
+# Each field's rules, in the order checked: (key, test, what the message says of a value that
+# fails it). Messages start with the key so callers can prefix where the key came from.
+_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    (
+        "enabled",
+        lambda v: v == "auto" or isinstance(v, bool),
+        "allowed: 'auto' (or null), true, false",
+    ),
+    ("dtype", lambda v: v in DTYPES, f"allowed: {', '.join(DTYPES)}"),
+    ("inference_dtype", lambda v: v in INFERENCE_DTYPES, f"allowed: {', '.join(INFERENCE_DTYPES)}"),
+    *(
+        (
+            key,
+            lambda v: is_number(v) and (isinstance(v, int) or math.isfinite(v)),
+            "expected a finite number",
+        )
+        for key in ("init_scale", "growth_factor", "backoff_factor")
+    ),
+    ("init_scale", lambda v: v > 0, "must be > 0 (the default is 65536.0)"),
+    (
+        "init_scale",
+        lambda v: MIN_INIT_SCALE <= v <= FLOAT32_MAX,
+        f"must be within [{MIN_INIT_SCALE:g}, {FLOAT32_MAX:g}] (a float32 scale that can still "
+        f"scale a float16 loss); the default is 65536.0",
+    ),
+    (
+        "growth_factor",
+        lambda v: v <= 2.0**16,
+        "must be <= 65536 (one growth step must not jump past float16's range); the default is 2.0",
+    ),
+    ("growth_factor", lambda v: v > 1, "must be > 1 (the default is 2.0)"),
+    ("backoff_factor", lambda v: 0 < v < 1, "must be in (0, 1) (the default is 0.5)"),
+    ("skip_warning_fraction", lambda v: is_number(v) and 0 <= v <= 1, "must be a number in [0, 1]"),
+    ("skip_warning_updates", _int32_count, f"must be an integer in [1, {INT32_MAX}]"),
+    ("tune_cpu_malloc", lambda v: isinstance(v, bool), "allowed: true, false"),
+    ("shared_scaler", lambda v: isinstance(v, bool), "allowed: true, false"),
+    (
+        "growth_interval",
+        _int32_count,
+        f"must be an integer in [1, {INT32_MAX}] (GradScaler counts in int32); the default is 2000",
+    ),
+)
+
+
 def _validate(s: AmpSettings) -> None:
-    # Messages start with the key so callers can prefix where the key came from.
-    if not (s.enabled == "auto" or isinstance(s.enabled, bool)):
-        raise ValueError(
-            f"enabled: got {_brief(s.enabled)}; allowed: 'auto' (or null), true, false"
-        )
-    if s.dtype not in DTYPES:
-        raise ValueError(f"dtype: got {_brief(s.dtype)}; allowed: {', '.join(DTYPES)}")
-    if s.inference_dtype not in INFERENCE_DTYPES:
-        raise ValueError(
-            f"inference_dtype: got {_brief(s.inference_dtype)}; "
-            f"allowed: {', '.join(INFERENCE_DTYPES)}"
-        )
-    for key in ("init_scale", "growth_factor", "backoff_factor"):
-        v = getattr(s, key)
-        if not is_number(v) or not (isinstance(v, int) or math.isfinite(v)):
-            raise ValueError(f"{key}: got {_brief(v)}; expected a finite number")
-    if s.init_scale <= 0:
-        raise ValueError(
-            f"init_scale: got {_brief(s.init_scale)}; must be > 0 (the default is 65536.0)"
-        )
-    if not MIN_INIT_SCALE <= s.init_scale <= FLOAT32_MAX:
-        raise ValueError(
-            f"init_scale: got {_brief(s.init_scale)}; must be within [{MIN_INIT_SCALE:g}, "
-            f"{FLOAT32_MAX:g}] (a float32 scale that can still scale a float16 loss); "
-            f"the default is 65536.0"
-        )
-    if s.growth_factor > 2.0**16:
-        raise ValueError(
-            f"growth_factor: got {_brief(s.growth_factor)}; must be <= 65536 (one growth step must "
-            f"not jump past float16's range); the default is 2.0"
-        )
-    if s.growth_factor <= 1:
-        raise ValueError(
-            f"growth_factor: got {_brief(s.growth_factor)}; must be > 1 (the default is 2.0)"
-        )
-    if not 0 < s.backoff_factor < 1:
-        raise ValueError(
-            f"backoff_factor: got {_brief(s.backoff_factor)}; must be in (0, 1) "
-            f"(the default is 0.5)"
-        )
-    swf = s.skip_warning_fraction
-    if not is_number(swf) or not 0 <= swf <= 1:
-        raise ValueError(f"skip_warning_fraction: got {_brief(swf)}; must be a number in [0, 1]")
-    swu = s.skip_warning_updates
-    if not isinstance(swu, int) or isinstance(swu, bool) or not 1 <= swu <= INT32_MAX:
-        raise ValueError(
-            f"skip_warning_updates: got {_brief(swu)}; must be an integer in [1, {INT32_MAX}]"
-        )
-    for key in ("tune_cpu_malloc", "shared_scaler"):
-        if not isinstance(getattr(s, key), bool):
-            raise ValueError(f"{key}: got {_brief(getattr(s, key))}; allowed: true, false")
-    gi = s.growth_interval
-    if not isinstance(gi, int) or isinstance(gi, bool) or not 1 <= gi <= INT32_MAX:
-        raise ValueError(
-            f"growth_interval: got {_brief(gi)}; must be an integer in [1, {INT32_MAX}] "
-            f"(GradScaler counts in int32); the default is 2000"
-        )
+    for key, test, rule in _RULES:
+        if not test(value := getattr(s, key)):
+            raise ValueError(f"{key}: got {_brief(value)}; {rule}")
 
 
 # -- the one reader and writer of the AMP block inside an AlgorithmConfig ---------------------
