@@ -50,14 +50,10 @@ def with_amp(
             are kept, or ``AmpSettings()`` (precision "auto") if it has none.
         **fields: AmpSettings fields that override those settings (validated).
 
-    So calling it twice only changes what the second call names: ``with_amp(with_amp(cfg,
-    init_scale=1024), growth_interval=5)`` keeps ``init_scale=1024`` (and a Tune sampler
-    stored by the experiment builder at a field stays unless that field is given).
-
-    Like RLlib's own builder methods, this changes ``config`` in place and returns it. It
-    also sets the EnvRunner class (autocast inference, ``AmpSettings.inference_dtype``) for
-    single- or multi-agent, so call it after ``config.multi_agent(...)``, and the Algorithm
-    class to one whose restores are all or nothing (``rllib_amp.checkpoints.algorithm``).
+    A second call changes only what it names (a Tune sampler stored at a field stays unless
+    that field is given). Like RLlib's builder methods, it changes ``config`` in place. It
+    also sets the EnvRunner class (autocast inference) for single- or multi-agent, so call it
+    after ``config.multi_agent(...)``, and an Algorithm class with all-or-nothing restores.
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig

@@ -227,14 +227,10 @@ def rllib_restore_files(
     *,
     filesystem: pyarrow.fs.FileSystem | None = None,
 ) -> list[str]:
-    """The state files ``checkpointable.restore_from_path(path)`` reads, relative to ``path``.
-
-    Follows RLlib 2.60's ``Checkpointable.restore_from_path``: for each of the object's
-    checkpointable components whose folder exists (RLlib skips the others), that component's
-    files, then the object's own state file (``.msgpack`` if there is one, else ``.pkl``).
-    A component that lives on remote actors (a learner group's learners) is read on their
-    nodes: inside its folder, every folder holding RLlib's component files needs a state file.
-    A file listed here may be missing: that is what the caller checks.
+    """The state files ``checkpointable.restore_from_path(path)`` reads, relative to ``path``
+    (maybe missing: the caller checks), as RLlib 2.60 does: each component whose folder
+    exists, then the object's own state file (``.msgpack`` if there is one, else ``.pkl``);
+    in a remote component's folder (a learner group's), every component folder's state file.
 
     Args:
         checkpointable: The RLlib object to be restored (an Algorithm, a Learner, ...); None
@@ -393,12 +389,9 @@ def _check_content(
 
 def _nonfinite(obj: object, where: str) -> Iterator[tuple[str, int, int]]:
     """(key path, nan count, inf count) of each non-finite float array or number in ``obj``."""
-    if isinstance(obj, dict):
-        for k, v in obj.items():
+    if isinstance(obj, (dict, list, tuple)):
+        for k, v in obj.items() if isinstance(obj, dict) else enumerate(obj):
             yield from _nonfinite(v, f"{where}/{k}" if where else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _nonfinite(v, f"{where}/{i}" if where else str(i))
     elif isinstance(obj, np.ndarray):
         if obj.dtype.kind in "fc" and not np.isfinite(obj).all():
             yield where, int(np.isnan(obj).sum()), int(np.isinf(obj).sum())

@@ -40,9 +40,8 @@ class ManifestEntry(TypedDict):
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is damaged; nothing of the checkpoint was restored. ``path``: that
-    file; ``problem``: what is wrong with it, without the advice (for readers other than a
-    restore, such as warm starts)."""
+    """A checkpoint file (``path``) is damaged; nothing was restored. ``problem``: what is
+    wrong with it, without the advice (for readers other than a restore: warm starts)."""
 
     def __init__(self, message: str, path: str = "", problem: str = "") -> None:
         super().__init__(message)

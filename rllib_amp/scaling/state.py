@@ -43,14 +43,10 @@ def restore_scaler_state(
 ) -> None:
     """Loads the scalers from a learner state, saying what it could not restore.
 
-    What wins (the PBT rules, docs/update-step.md): the live scale, growth tracker and
-    counters come from ``state``; growth_factor, backoff_factor and growth_interval are the
-    scalers' own (this run's config); this run's init_scale plays no part. Modules that
-    share one scale (``shared_scaler``) continue at the smallest of their saved scales.
-
-    A ``full`` state (a checkpoint's: it carries optimizer state) without scaler state gets
-    one INFO line; weight syncs pass module weights alone and are not worth a word. Scaler
-    state restored into a float32 run gets one WARNING.
+    The live scale, growth tracker and counters come from ``state``, the factors and interval
+    are this run's (the PBT rules, docs/update-step.md); modules sharing one scale continue at
+    the smallest saved one. A ``full`` state without scaler state gets one INFO line (weight
+    syncs none), scaler state restored into a float32 run one WARNING.
 
     Args:
         scalers: ModuleID -> the learner's scaler, loaded in place.
