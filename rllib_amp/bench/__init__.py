@@ -7,29 +7,18 @@ Variants (all in the same invocation, interleaved, several repetitions, medians)
   amp-fp16      rllib-amp, float16 + GradScaler (GPU only)
   amp-bf16      rllib-amp, bfloat16 (GPU only)
 
-Figures (``figures``), on the workloads of ``workloads.WORKLOADS``:
-  1. learner update throughput (samples/s) on one fixed batch per algorithm (PPO with the
-     learner connector's GAE pass, DQN), ALE/Pong-v5 observations, presets mini / full / high;
-  2. peak memory of the update (CUDA: max_memory_allocated; CPU: peak resident memory of a
-     child process per variant, above its resident memory before the update, with glibc's
-     allocator defaults);
-  3. end-to-end env steps/s of PPO on ALE/Pong-v5, 16 envs per EnvRunner;
-  4. (with PPO) the learner's fixed cost per minibatch step (``fixed_cost``: a tiny network,
-     in ms per step, on one torch thread; alone: ``python -m rllib_amp.bench.fixed_cost_run``);
-  5. (not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds, return after a
-     fixed number of env steps.
-
-Figures 1-3 sample Pong on the default Atari path (ALE's native env, uint8 observations).
+Figures (``figures``, on the workloads of ``workloads.WORKLOADS``, presets mini / full / high,
+sampling Pong on the default Atari path): learner update throughput (samples/s) and its peak
+memory, end-to-end PPO env steps/s on Pong (16 envs per EnvRunner), the learner's fixed cost
+per minibatch step (``fixed_cost``; alone: ``python -m rllib_amp.bench.fixed_cost_run``), and
+(not with --quick) learning parity: CartPole-v1 PPO and DQN, 3 seeds.
 
 Atari-path figures (``atari_figures``), RLlib's Python wrappers (float32 observations) vs ALE's
 native vector env (uint8), variants ``workloads.PATH_VARIANTS`` ("fp32 wrappers" is stock
-RLlib as it ships and the reference of their ratios):
-  6. sampling env steps/s of one EnvRunner with 16 envs, inference included, each repetition
-     of each path in a fresh process;
-  7. end-to-end env steps/s of PPO and APPO (both with targets) on Pong;
-  8. DQN replay-buffer bytes per stored transition (with --algos including DQN);
-  9. peak memory of a learner update per path variant.
-The Atari path's targets (``report.TARGETS``) print under the table as measured ratios, met or not.
+RLlib as it ships and the reference of their ratios): sampling env steps/s of one EnvRunner,
+end to end of PPO and APPO, DQN replay-buffer bytes per stored transition (with DQN in
+--algos), and learner peak memory. Their targets (``report.TARGETS``) print under the table as
+measured ratios, met or not. docs/benchmark.md describes every figure.
 
 Each throughput cell and the end-to-end figure run in a fresh process (``harness``), and
 within it every variant runs interleaved, so the variants share one process: rllib-amp's CPU

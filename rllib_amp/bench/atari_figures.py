@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 # RAW_ALE: ALE's vector env alone (no network, no RLlib), the limit the other rows are
 # fractions of.
 RAW_ALE = "raw ALE"
-SAMPLING_PATHS = (WRAPPERS, NATIVE, RAW_ALE)
-# APPO end to end: RLlib's own default batch is 500 per learner; the same 1024 as PPO's CPU
-# workload keeps the two rows comparable.
-APPO_TRAINING: dict[str, object] = {"train_batch_size_per_learner": 1024, "lr": LR}
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -60,7 +56,7 @@ def bench_sampling(
             return in_child(raw_ale_one, num_envs, env_steps)[0]
         return in_child(sampling_one, path, num_envs, env_steps, model)[0]
 
-    return interleaved_reps(SAMPLING_PATHS, reps, run)
+    return interleaved_reps((WRAPPERS, NATIVE, RAW_ALE), reps, run)
 
 
 # -- end to end -------------------------------------------------------------------------------
@@ -75,7 +71,9 @@ def path_configs(
 ) -> dict[str, AlgorithmConfig]:
     """The training config of each ``PATH_VARIANTS`` label, one local EnvRunner each."""
     if training is None and algo == "APPO":
-        training = APPO_TRAINING
+        # RLlib's own default batch is 500 per learner; the same 1024 as PPO's CPU workload
+        # keeps the two rows comparable.
+        training = {"train_batch_size_per_learner": 1024, "lr": LR}
     out = {}
     for label in labels:
         pv = PATH_VARIANTS[label]
@@ -190,7 +188,6 @@ def bench_memory_paths(
     labels: Sequence[str],
     device: str,
     data_paths: Mapping[str, str],
-    measure: Callable[..., float] | None = None,
 ) -> dict[str, float]:
     """Peak bytes of one ``algo`` update per label, each in a fresh child process.
 
@@ -202,5 +199,5 @@ def bench_memory_paths(
     for label in labels:
         pv = PATH_VARIANTS[label]
         args = (algo, model, pv.variant, device, data_paths[pv.preprocessing], pv.preprocessing)
-        out[label] = float(measure(*args) if measure else in_child(memory_one, *args))
+        out[label] = float(in_child(memory_one, *args))
     return out

@@ -38,7 +38,6 @@ from rllib_amp.cli import Parser, UsageError, main_wrapper
 from rllib_amp.envs.atari import NATIVE, WRAPPERS
 
 PROG = "python -m rllib_amp.bench"
-DESCRIPTION = "What AMP buys over stock RLlib, side by side in one run."
 PARITY_SEEDS = (0, 1, 2)
 
 
@@ -79,7 +78,7 @@ def _models(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``python -m rllib_amp.bench``."""
-    p = Parser(prog=PROG, description=DESCRIPTION)
+    p = Parser(prog=PROG, description="What AMP buys over stock RLlib, side by side in one run.")
     p.add_argument("--quick", action="store_true", help="full preset only, fewer reps, no parity")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if any")
     p.add_argument("--algos", type=_algos, default=None, help=f"e.g. {','.join(WORKLOADS)}")
@@ -99,10 +98,8 @@ def atari_paths(
     quick: bool,
     save: Callable[[Results], None] = lambda part: None,
 ) -> Results:
-    """The Atari-path figures (``atari_figures``): RLlib's wrappers vs the native env.
-
-    ``save(part)`` is called with what is measured so far after each figure.
-    """
+    """The Atari-path figures (``atari_figures``): RLlib's wrappers vs the native env;
+    ``save(part)`` after each figure, with what is measured so far."""
     out: Results = {}
     steps = 1024 if quick else 4096
     print(f"[bench] sampling, one EnvRunner: wrappers vs native x{reps}", file=sys.stderr)
@@ -124,10 +121,9 @@ def atari_paths(
     out["memory_paths"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for algo in algos:
-            data = {}
-            for pre in (WRAPPERS, NATIVE):
-                data[pre] = os.path.join(tmp, f"{algo}-{pre}.pkl")
-                collect_data(algo, device, data[pre], preprocessing=pre)
+            data = {pre: os.path.join(tmp, f"{algo}-{pre}.pkl") for pre in (WRAPPERS, NATIVE)}
+            for pre, path in data.items():
+                collect_data(algo, device, path, preprocessing=pre)
             print(f"[bench] {algo} full: peak memory, Atari paths", file=sys.stderr)
             out["memory_paths"][f"{algo} full"] = atari_figures.bench_memory_paths(
                 algo, "full", list(PATH_VARIANTS), device, data

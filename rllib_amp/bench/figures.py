@@ -84,7 +84,8 @@ def memory_one(
     preprocessing: str | None = None,
 ) -> float:
     """Peak bytes of one update of one variant (run in its own fresh process) on the batch
-    at ``data_path``, sampled on the Atari path ``preprocessing``."""
+    at ``data_path``, sampled on the Atari path ``preprocessing``. CUDA: max_memory_allocated;
+    CPU: the peak resident memory above the resident memory before the update."""
     import torch
 
     with open(data_path, "rb") as f:

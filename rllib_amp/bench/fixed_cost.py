@@ -14,9 +14,6 @@ the batch size: PPO's learner connector adds one timestep per episode
 (``AddOneTsToEpisodesAndTruncate``), so a batch of 4096 env steps trains on 4096 plus the
 number of episodes rows, and RLlib's cyclic iterator takes more than 16 minibatches an epoch.
 
-Each repetition's raw figures (the two updates' seconds and counted steps) are kept: ``python
--m rllib_amp.bench.fixed_cost_run`` writes them into a JSON file (docs/bench/fixed_cost.json).
-
 Example:
     >>> FIXED_COST.label()
     'PPO CartPole-v1, MLP [8], batch 4096, minibatch 256'

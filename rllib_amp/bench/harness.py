@@ -26,11 +26,8 @@ _Reply: TypeAlias = "multiprocessing.queues.Queue[tuple[str, object, set[str]]]"
 
 
 def shown_once_keys() -> set[str]:
-    """The keys of the once-only messages Ray/RLlib have logged in this process.
-
-    RLlib logs some messages (its deprecation notices among them) once per process, keyed
-    in ``ray.util.debug``. Empty while Ray is not imported.
-    """
+    """The keys (in ``ray.util.debug``) of the once-per-process messages, RLlib's deprecation
+    notices among them, that Ray/RLlib have logged in this process; empty without Ray."""
     registry = getattr(sys.modules.get("ray.util.debug"), "_logged", None)
     return set(registry) if isinstance(registry, set) else set()
 

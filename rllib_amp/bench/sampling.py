@@ -208,7 +208,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # -- overlap: envs stepping while the network works -------------------------------------------
-OVERLAP_MODES = ("sync", "halves")
 
 
 def overlap_one(

@@ -153,15 +153,17 @@ def test_path_variants_build_the_configs_they_name():
     assert appo[STOCK].num_learners == 0 and cfgs[STOCK].num_learners == 0
 
 
-def test_memory_paths_give_each_label_its_variant_and_its_paths_batch():
+def test_memory_paths_give_each_label_its_variant_and_its_paths_batch(monkeypatch):
     seen = []
 
-    def fake(algo, model, variant, device, data_path, preprocessing):
+    def fake(fn, algo, model, variant, device, data_path, preprocessing):
+        assert fn is atari_figures.memory_one
         seen.append((variant, data_path, preprocessing))
         return len(seen) * 1.0
 
+    monkeypatch.setattr(atari_figures, "in_child", fake)
     data = {WRAPPERS: "w.pkl", NATIVE: "n.pkl"}
-    out = atari_figures.bench_memory_paths("PPO", "mini", list(PATH_VARIANTS), "cpu", data, fake)
+    out = atari_figures.bench_memory_paths("PPO", "mini", list(PATH_VARIANTS), "cpu", data)
     assert out == {STOCK: 1.0, "amp wrappers": 2.0, "fp32 native": 3.0, "amp native": 4.0}
     assert seen == [
         ("fp32", "w.pkl", WRAPPERS),
@@ -170,7 +172,7 @@ def test_memory_paths_give_each_label_its_variant_and_its_paths_batch():
         ("amp-auto", "n.pkl", NATIVE),
     ]
     with pytest.raises(ValueError, match="APPO"):
-        atari_figures.bench_memory_paths("APPO", "mini", [STOCK], "cpu", data, fake)
+        atari_figures.bench_memory_paths("APPO", "mini", [STOCK], "cpu", data)
 
 
 def test_numpy_bytes_counts_each_array_once():
