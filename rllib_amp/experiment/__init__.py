@@ -1,14 +1,12 @@
 """One YAML file -> a validated Experiment -> an RLlib AlgorithmConfig (+ a Tune search space).
 
 The package: ``reading`` (YAML -> raw mapping, refusing abuse), ``schema`` (validation and
-defaults, one validator per section), ``sampler`` (search specs), ``builder`` (->
-AlgorithmConfig + Tune space), ``preflight`` (every check a sweep can fail without Ray:
-RLlib's validation of each config, the env and the RLModule, result keys) and ``results``
-(the result keys each algorithm reports). The schema is strict: unknown keys are errors (with
-the nearest valid key suggested), and every error names the file, the key, the value and the
-fix. RLlib is imported only by the checks that need its classes (the env and model, the
-``training`` keys, the config): a missing file, bad YAML, an unknown key, a section of the
-wrong type, an unknown algorithm or a bad ``--set`` are refused before it loads.
+defaults), ``sampler`` (search specs), ``builder`` (-> AlgorithmConfig + Tune space),
+``preflight`` (every check a sweep can fail without Ray) and ``results`` (the result keys each
+algorithm reports). Unknown keys are errors (with the nearest valid key suggested), and every
+error names the file, the key, the value and the fix. A missing file, bad YAML, an unknown
+key, a section of the wrong type, an unknown algorithm or a bad ``--set`` are refused before
+RLlib is imported.
 
 Example:
     >>> exp = load("tune_configs/cartpole_ppo_amp.yaml", overrides=["amp.init_scale=1024"])
@@ -180,9 +178,7 @@ class Experiment:
             3
         """
         _check_overrides_type(overrides)
-        if not overrides:
-            return self
-        return self._with_items(_override_items(overrides, self.path))
+        return self._with_items(_override_items(overrides or [], self.path))
 
     def _with_items(self, items: list[tuple[str, object]]) -> Experiment:
         if not items:

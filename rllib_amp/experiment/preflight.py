@@ -82,7 +82,6 @@ def preflight(exp: Experiment) -> str:
     )
 
 
-# -- the configs a sweep can produce --------------------------------------------------------
 def _draws(sampler: Sampler, rng: random.Random) -> list[object]:
     if sampler.kind in ("grid", "choice"):
         return list(sampler.values)
@@ -155,7 +154,6 @@ def _build(exp: Experiment, trial: Experiment, point: Mapping[str, object]) -> A
     return config
 
 
-# -- stop keys and the metric ---------------------------------------------------------------
 def check_result_keys(exp: Experiment, config: AlgorithmConfig) -> None:
     """Refuses ``stop`` keys and a ``tune.metric`` that the algorithm never reports."""
     # Built from RLlib's metric names: imported here, so loading an experiment does not.
@@ -184,7 +182,6 @@ def _nearest(results: ResultCatalog, key: str) -> str:
     return f" (did you mean '{near}'?)" if near else ""
 
 
-# -- env and module -----------------------------------------------------------------------
 def _build_runtime(
     exp: Experiment, trial: Experiment, config: AlgorithmConfig, point: Mapping[str, object]
 ) -> None:
@@ -217,7 +214,6 @@ def _build_runtime(
             runner.stop()  # closes the env
 
 
-# -- messages -------------------------------------------------------------------------------
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     if len(text) > 300:

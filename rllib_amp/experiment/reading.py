@@ -39,12 +39,8 @@ MAX_DEPTH = 64
 MAX_INT_CHARS = 400
 _FLOAT64_INT_LIMIT = 2**1024
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-_UTF16_32_BOMS = {
-    codecs.BOM_UTF32_LE: "UTF-32",
-    codecs.BOM_UTF32_BE: "UTF-32",
-    codecs.BOM_UTF16_LE: "UTF-16",
-    codecs.BOM_UTF16_BE: "UTF-16",
-}
+# UTF-32's first: UTF-32-LE's BOM starts with UTF-16-LE's.
+_BOMS = {getattr(codecs, f"BOM_UTF{n}_{e}"): f"UTF-{n}" for n in (32, 16) for e in ("LE", "BE")}
 
 _T = TypeVar("_T")
 
@@ -223,7 +219,7 @@ def _byte_line(data: bytes, offset: int) -> int:
 
 def _check_text(path: str, data: bytes) -> None:
     """Refuses bytes that are not UTF-8 text YAML can read."""
-    for bom, name in _UTF16_32_BOMS.items():
+    for bom, name in _BOMS.items():
         if data.startswith(bom):
             raise ExperimentError(
                 f"{path}: the file is {name}, not UTF-8; save it as UTF-8 (e.g. iconv -f {name} "

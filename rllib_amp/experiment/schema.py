@@ -1,10 +1,8 @@
 """The experiment schema: one validator per top-level section, and the defaults.
 
-``validate`` checks the file's shape (top-level keys, which sections are mappings), then runs
-the ``SECTIONS`` table in order; each validator gets its section's raw value
-and the sections checked before it (``training`` needs the algorithm, ``model`` the env), and
-returns the normalised section. A searched key's values are checked by its section's
-validator alone. Every error names the file, the key, the value and the fix.
+``validate`` checks the file's shape, then runs the ``SECTIONS`` table in order: each validator
+gets its section's raw value and the sections checked before it (``training`` needs the
+algorithm), and returns the normalised section; it also checks a searched key's values.
 
 Example:
     >>> data = validate({"algorithm": "ppo", "env": "CartPole-v1", "stop": {"time_total_s": 9}})
@@ -99,7 +97,7 @@ def with_dotted(
     return out
 
 
-# -- one validator per section: (raw value, sections checked so far, path) -> normalised ------
+# One validator per section: (raw value, sections checked so far, path) -> normalised.
 def _algorithm(value: object, exp: ExperimentData, path: str) -> str:
     if value in (None, ""):
         raise err(path, "algorithm", "missing; add e.g. 'algorithm: PPO'")
