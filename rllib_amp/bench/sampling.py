@@ -20,7 +20,7 @@ import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rllib_amp.algorithms import algorithm as algorithm_record
 from rllib_amp.cli import Parser, main_wrapper
@@ -205,67 +205,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Per sampler, ``--reps`` runs of env steps/s and of env steps per CPU-second, the samplers
     interleaved, as JSON on stdout; bad input is one line on stderr and exit status 2."""
     return main_wrapper(PROG, _run, argv)
-
-
-# -- overlap: envs stepping while the network works -------------------------------------------
-
-
-def overlap_one(
-    mode: str,
-    num_envs: int = 16,
-    env_steps: int = 4096,
-    model: str = "full",
-    ale_threads: int = 2,
-    torch_threads: int = 2,
-) -> tuple[float, float]:
-    """(env steps/s, per CPU-second) of the bare batched loop: forward, actions, ALE step.
-
-    ``sync``: one ALE vector env of ``num_envs``; the network and the envs take turns.
-    ``halves``: two vector envs of half the envs each, stepped with ALE's asynchronous
-    ``send``/``recv``: while the network computes one half's actions, the other half steps.
-    No episodes, no RLlib runner: what overlap can buy at most.
-    """
-    import gymnasium as gym
-    import numpy as np
-    import torch
-    from ale_py.vector_env import AtariVectorEnv
-
-    torch.set_num_threads(torch_threads)
-    cfg = sampling_config(NATIVE, num_envs=num_envs, model=model)
-    spaces: dict[str, Any] = {"default_policy": (models.ATARI_OBS_SPACE, gym.spaces.Discrete(6))}
-    module = cfg.get_rl_module_spec(spaces=spaces).build()
-    dist_cls = module.get_exploration_action_dist_cls()
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        images = torch.from_numpy(obs).permute(0, 2, 3, 1).contiguous()
-        logits = module.forward_exploration({"obs": images}, t=0)["action_dist_inputs"]
-        return np.asarray(dist_cls.from_logits(logits).sample())
-
-    groups = 1 if mode == "sync" else 2
-    size = num_envs // groups
-    threads = max(1, ale_threads // groups)
-    envs = [AtariVectorEnv("pong", size, num_threads=threads) for _ in range(groups)]
-    obs: list[Any] = [env.reset(seed=i * size)[0] for i, env in enumerate(envs)]
-    rounds = max(1, env_steps // num_envs)
-    warmup = max(1, rounds // 8)
-    start = cpu_start = 0.0
-    for r in range(rounds + warmup):
-        if r == warmup:
-            start, cpu_start = time.perf_counter(), time.process_time()
-        if groups == 1:
-            obs[0] = envs[0].step(act(obs[0]))[0]
-            continue
-        # Half 0 was sent last round: compute half 1's actions while half 0 steps.
-        if r == 0:
-            envs[0].send(act(obs[0]))
-        envs[1].send(act(obs[1]))
-        obs[0] = envs[0].recv()[0]
-        envs[0].send(act(obs[0]))
-        obs[1] = envs[1].recv()[0]
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    for env in envs:
-        env.close()
-    return rounds * num_envs / seconds, rounds * num_envs / cpu_seconds
 
 
 if __name__ == "__main__":

@@ -240,11 +240,3 @@ def test_sampling_one_times_one_env_runner_on_either_path():
         per_s, per_cpu_s = sampling.sampling_one(path, 2, 16, "mini", sampler, num_cpus=1)
         assert per_s > 0 and per_cpu_s > 0
     assert torch.get_num_threads() == threads
-
-
-@pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.slow), "halves"])
-def test_overlap_probe_steps_every_env(mode):
-    from rllib_amp.bench import sampling
-
-    wall, cpu = sampling.overlap_one(mode, 4, 32, "mini", 2, 1)
-    assert wall > 0 and cpu > 0
