@@ -128,10 +128,8 @@ def sweep_points(search: Mapping[str, Sampler], seed: int = 0) -> list[dict[str,
 
 
 def _where(point: Mapping[str, object]) -> str:
-    if not point:
-        return ""
     shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
-    return f" (with {shown})"
+    return f" (with {shown})" if point else ""
 
 
 def _trial(exp: Experiment, point: Mapping[str, object]) -> Experiment:

@@ -143,10 +143,9 @@ class ResultCatalog:
             >>> catalog("DQN").accepts("learners/default_policy/qf_loss")
             True
         """
-        parts = key.split("/")
-        if len(parts) == 1:
+        scope, *rest = key.split("/")
+        if not rest:
             return key in self.top
-        scope, rest = parts[0], parts[1:]
         if scope == tune_result.CONFIG_PREFIX:
             return rest[0] in config_keys or rest == ["class"]
         if scope not in self.scopes:
@@ -159,9 +158,6 @@ class ResultCatalog:
                 rf"gradients_{_NAME}_global_norm|{_NAME}_{rllib_learner.LR_KEY}", rest[0]
             ):
                 return True
-        return self._accepts_leaf(rest)
-
-    def _accepts_leaf(self, rest: list[str]) -> bool:
         if not rest:
             return False
         head = rest[0]
@@ -174,13 +170,11 @@ class ResultCatalog:
         base = head.removesuffix("_throughput")
         if head not in self.leaves and base not in self.leaves:
             return False
-        if len(rest) == 1:
-            return True
         if len(rest) == 2:
-            if head != base:
-                return rest[1] in THROUGHPUT_PARTS
-            return rest[1] in (DEFAULT_MODULE_ID, DEFAULT_AGENT_ID)
-        return False
+            return rest[1] in (
+                THROUGHPUT_PARTS if head != base else (DEFAULT_MODULE_ID, DEFAULT_AGENT_ID)
+            )
+        return len(rest) == 1
 
     def nearest(self, key: str) -> str | None:
         """The suggested key most like ``key`` (whole key, or its last part), or None.
