@@ -88,12 +88,7 @@ class WarmStart:
                 f"warm_start: got {_brief(value)}; expected a mapping such as "
                 f"{{from: CHECKPOINT, modules: {{new_id: old_id}}}} (modules optional)"
             )
-        for key in value:
-            if key not in WARM_START_KEYS:
-                raise ValueError(
-                    f"warm_start.{key}: unknown key{suggest(str(key), WARM_START_KEYS)}; "
-                    f"allowed keys: {', '.join(WARM_START_KEYS)}"
-                )
+        _known_keys(value, "warm_start", WARM_START_KEYS, "key")
         if "from" not in value:
             raise ValueError(
                 "warm_start.from: missing; name the checkpoint whose scalers seed this run, "
@@ -248,13 +243,15 @@ class AmpSettings:
         return AmpSettings.from_dict(merged)
 
 
-def _known_keys(d: Mapping[str, object], where: str) -> Mapping[str, object]:
-    """``d``, after a ValueError for its first key that is no AmpSettings field."""
-    names = AmpSettings.field_names()
+def _known_keys(
+    d: Mapping[str, object], where: str, names: tuple[str, ...] = (), what: str = "AMP setting"
+) -> Mapping[str, object]:
+    """``d``, after a ValueError for its first key not in ``names`` (AmpSettings' fields)."""
+    names = names or AmpSettings.field_names()
     for key in d:
         if key not in names:
             raise ValueError(
-                f"{where}.{key}: unknown AMP setting{suggest(str(key), names)}; "
+                f"{where}.{key}: unknown {what}{suggest(str(key), names)}; "
                 f"allowed keys: {', '.join(names)}"
             )
     return d

@@ -100,16 +100,14 @@ class AmpAlgorithmMixin(_MixinBase):
 
     @override(Trainable)
     def restore(self, checkpoint_path: Any) -> None:
-        # Tune passes its record of the checkpoint (a _TrainingResult: checkpoint, metrics;
-        # the checkpoint a ray.tune.Checkpoint, a subclass of ray.train's).
-        # A path or Checkpoint from user code is restored as asked.
+        # Tune passes its record (a _TrainingResult: a ray.tune.Checkpoint, metrics); a path
+        # or Checkpoint from user code is restored as asked.
         checkpoint = getattr(checkpoint_path, "checkpoint", None)
         if not isinstance(checkpoint, Checkpoint):
             return super().restore(checkpoint_path)  # type: ignore[no-any-return]
         fs, path = checkpoint.filesystem, checkpoint.path
         error = None
-        # One `--resume` found damaged (fallback.resume_from_intact_checkpoints) is not read
-        # again.
+        # One `--resume` found damaged (resume_from_intact_checkpoints) is not read again.
         if not is_kept_aside(fs, path):
             try:
                 return super().restore(checkpoint_path)  # type: ignore[no-any-return]
@@ -135,8 +133,7 @@ class AmpAlgorithmMixin(_MixinBase):
             shown,
             extra=fields,
         )
-        # Tune's record, pointed at the intact checkpoint: its time_total_s goes on (the
-        # seconds of the iterations lost with the damaged checkpoint included) instead of
+        # Tune's record, pointed at the intact checkpoint: its time_total_s goes on instead of
         # restarting at 0; the iteration count comes from the checkpoint's own state.
         replacement = type(checkpoint_path)(
             checkpoint=type(checkpoint)(path=intact, filesystem=fs),

@@ -73,15 +73,10 @@ def restore_scaler_state(
             extra=event("scaler_state_ignored", modules=sorted(saved)),
         )
         return
-    fresh = []
-    seeds = {}
-    for module_id, scaler in scalers.items():
-        if module_id in saved:
-            scaler.load_counters(saved[module_id])
-            if (seed := saved_scale(saved[module_id])) is not None:
-                seeds[module_id] = seed
-        else:
-            fresh.append(module_id)
+    fresh = [module_id for module_id in scalers if module_id not in saved]
+    for module_id in (m for m in scalers if m in saved):
+        scalers[module_id].load_counters(saved[module_id])
+    seeds = {m: seed for m in scalers if m in saved and (seed := saved_scale(saved[m]))}
     seed_scalers(scalers, seeds)
     if fresh:
         logger.info(
