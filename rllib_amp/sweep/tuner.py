@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -63,18 +64,13 @@ def progress_reporter(exp: Experiment) -> CLIReporter:
     # No searched key: the seed, as Tune's reporter prints the whole config (12,000 characters
     # on one line) for an empty parameter set.
     params = params or {"seed": "seed"}
-    return CLIReporter(
-        metric_columns=columns,
-        parameter_columns=params,
-        max_report_frequency=10,
-    )
+    return CLIReporter(metric_columns=columns, parameter_columns=params, max_report_frequency=10)
 
 
 def build_tuner(
     exp: Experiment, args: argparse.Namespace, storage: str, name: str, restore: bool
 ) -> Tuner:
-    """The Tuner of experiment ``name`` under ``storage``: a new one, or with ``restore`` the
-    stored one, unfinished and errored trials continuing."""
+    """A new Tuner, or with ``restore`` the stored one, unfinished and errored trials going on."""
     from ray import tune
 
     from rllib_amp.sweep import schedulers
@@ -126,8 +122,7 @@ def build_tuner(
 
 
 def no_episode_yet_as_nan(*, result: dict[str, Any], metric: str, **kwargs: object) -> None:
-    """RLlib ``on_train_result`` callback: an episode metric (one of ``EPISODE_METRICS``) of
-    an iteration in which no episode has ended yet is NaN ("nothing yet"), not left out."""
+    """RLlib ``on_train_result`` callback: an episode metric no episode gave yet is NaN."""
     group, leaf = metric.split("/")
     result.setdefault(group, {}).setdefault(leaf, math.nan)
 
@@ -137,9 +132,8 @@ class StopOnSignals:
     each stop Tune as its own Ctrl-C does: it saves the experiment state and returns. A further
     signal is reported and otherwise ignored (raising would cut the state file short mid-upload);
     one before Tune's loop (nothing to save yet) raises ``Interrupted``. ``signum``: the signal
-    that stopped the run, 0 none; ``ray_dead``: what of the local Ray died (``ray_died``);
-    ``resume_command``: once there is something to continue. Outside the main thread it
-    installs nothing."""
+    that stopped the run, 0 none; ``ray_dead``: what of the local Ray died (``ray_died``).
+    Outside the main thread it installs nothing."""
 
     def __init__(self) -> None:
         self.signum = 0
@@ -148,35 +142,29 @@ class StopOnSignals:
         self.resume_command: str | None = None
         self._previous: dict[int, Any] = {}
         self._before_tune: Any = None
-        self._disabled: str | None = None
-        self._faults = OneLinePerFault()
+        self._undo = contextlib.ExitStack()
 
     def __enter__(self) -> StopOnSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
         self._before_tune = signal.getsignal(signal.SIGUSR1)
         self._previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *STOP_SIGNALS)}
+        for s, handler in {**self._previous, signal.SIGUSR1: self._before_tune}.items():
+            self._undo.callback(signal.signal, s, handler)
         self.install()
-        self._disabled = os.environ.get(_TUNE_SIGINT_ENV)
+        if (disabled := os.environ.get(_TUNE_SIGINT_ENV)) is None:
+            self._undo.callback(os.environ.pop, _TUNE_SIGINT_ENV, None)
+        else:
+            self._undo.callback(os.environ.__setitem__, _TUNE_SIGINT_ENV, disabled)
         os.environ[_TUNE_SIGINT_ENV] = "1"
-        logging.getLogger("ray.tune.tune").addFilter(_drop_tune_stop_advice)
-        for fault_logger in FAULT_LOGGERS:
-            fault_logger.addFilter(self._faults)
+        faults = OneLinePerFault()
+        for logger in (logging.getLogger("ray.tune.tune"), *FAULT_LOGGERS):
+            logger.addFilter(faults)
+            self._undo.callback(logger.removeFilter, faults)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self._previous:
-            return
-        logging.getLogger("ray.tune.tune").removeFilter(_drop_tune_stop_advice)
-        for fault_logger in FAULT_LOGGERS:
-            fault_logger.removeFilter(self._faults)
-        if self._disabled is None:
-            os.environ.pop(_TUNE_SIGINT_ENV, None)
-        else:
-            os.environ[_TUNE_SIGINT_ENV] = self._disabled
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        signal.signal(signal.SIGUSR1, self._before_tune)
+        self._undo.close()
         self._previous = {}
 
     def install(self) -> None:
@@ -194,8 +182,7 @@ class StopOnSignals:
             self.fitted = True
 
     def ray_died(self, what: str) -> None:
-        """From the watchdog's thread: records ``what`` died ("its raylet (pid 123) was killed
-        by SIGKILL") and stops Tune (or, before its loop, the command) as Ctrl-C would."""
+        """From the watchdog's thread: records what died and stops as Ctrl-C would."""
         self.ray_dead = what
         _thread.interrupt_main(signal.SIGINT)  # runs ``_stop`` in the main thread
 
@@ -226,10 +213,11 @@ _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 
 
 class OneLinePerFault(logging.Filter):
-    """Tune logs each failed attempt of a trial, and each failed save of the experiment state,
-    with the whole traceback, again for each retry. This keeps each such record of Tune's as
-    one line naming the exception's own line, once per message and cause; a trial's
-    tracebacks stay in its ``error.txt``, which the summary names.
+    """Tune logs each failed trial attempt and experiment-state save with the whole traceback,
+    again for each retry: this makes each one line with the exception's, once per message and
+    cause (a trial's tracebacks stay in its ``error.txt``, which the summary names). It drops
+    Tune's stop advice: a second Ctrl-C skipping the save (``fit`` prevents it), and the
+    Python ``Tuner.restore(...)`` (the CLI prints its own ``--resume`` command).
 
     Example:
         >>> f, failed = OneLinePerFault(), (OSError, OSError("disk gone"), None)
@@ -249,6 +237,8 @@ class OneLinePerFault(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
+        if message.startswith(("Stop signal received", "Experiment has been interrupted")):
+            return False
         if not message.startswith(FAULT_MESSAGES) or not record.exc_info:
             return True
         cause = root_error(record.exc_info[1])
@@ -267,12 +257,3 @@ FAULT_LOGGERS = (
     logging.getLogger("ray.tune.execution.tune_controller"),
     logging.getLogger("ray.tune.execution.experiment_state"),
 )
-
-
-def _drop_tune_stop_advice(record: logging.LogRecord) -> bool:
-    """Tune's stop warning says a second Ctrl-C skips the save, which ``fit`` prevents; its
-    "Resume experiment with: Tuner.restore(...)" is Python, where the CLI prints its own
-    ``--resume`` command."""
-    return not str(record.msg).startswith(
-        ("Stop signal received", "Experiment has been interrupted")
-    )

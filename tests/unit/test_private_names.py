@@ -301,7 +301,6 @@ OWN = {
     "_T",
     "_chunk",
     "_count",
-    "_disabled",
     "_finish",
     "_handles",
     "_logger",
