@@ -3,8 +3,7 @@
 The request is RLlib's own: ``Algorithm.default_resource_request`` (the placement group Tune
 reserves per trial: the trial process, which hosts the local learner when
 ``num_learners=0``, then one bundle per env runner and per learner), totalled by Tune's
-``PlacementGroupFactory.required_resources``. Nothing here repeats RLlib's arithmetic, so a
-change in RLlib changes the numbers here too.
+``PlacementGroupFactory.required_resources``: nothing here repeats RLlib's arithmetic.
 
 Example:
     >>> from rllib_amp import experiment
@@ -43,10 +42,9 @@ class ResourceError(ValueError):
 
 
 class RllibNotices:
-    """Holds RLlib's notices about a run ("You are running PPO on the new API stack!"), which
-    RLlib logs while it validates a config: a start refused before its trials run stays one
-    line. ``release()`` shows them once the run is under way; leaving the block without a
-    release drops them when it ends in an error and shows them otherwise.
+    """Holds what RLlib logs while it validates a config ("You are running PPO on the new API
+    stack!"), so a start refused before its trials stays one line: ``release()`` shows it, as
+    does leaving the block without an error.
 
     Example:
         >>> with RllibNotices() as notices:
@@ -67,7 +65,6 @@ class RllibNotices:
         return self
 
     def release(self) -> None:
-        """Shows the held notices and stops holding."""
         if self._handlers is None:
             return
         self._logger.handlers, self._handlers = self._handlers, None
@@ -83,9 +80,8 @@ class RllibNotices:
 
 @dataclass(frozen=True)
 class TrialRequest:
-    """One trial's placement group as RLlib asks Tune for it: a bundle per process (the trial
-    process, then env runners, then learners), their CPUs and GPUs in all, and how many
-    bundles are env runners and learners."""
+    """One trial's placement group as RLlib asks Tune for it: the trial process's bundle,
+    then the env runners', then the learners'."""
 
     bundles: tuple[Mapping[str, float], ...]
     total: dict[str, float]
@@ -123,12 +119,10 @@ def format_amount(amounts: Mapping[str, float]) -> str:
 
 
 def trial_request(config: AlgorithmConfig) -> TrialRequest:
-    """The resources one trial of this AlgorithmConfig reserves, from RLlib itself.
-
-    Example:
-        >>> from ray.rllib.algorithms.ppo import PPOConfig
-        >>> trial_request(PPOConfig().env_runners(num_env_runners=2)).total
-        {'CPU': 3.0, 'GPU': 0.0}
+    """Example:
+    >>> from ray.rllib.algorithms.ppo import PPOConfig
+    >>> trial_request(PPOConfig().env_runners(num_env_runners=2)).total
+    {'CPU': 3.0, 'GPU': 0.0}
     """
     # On RLlib's new API stack the answer is a PlacementGroupFactory.
     request = cast("type[Algorithm]", config.algo_class).default_resource_request
@@ -142,8 +136,8 @@ def trial_request(config: AlgorithmConfig) -> TrialRequest:
 
 
 def requests(exp: Experiment) -> list[tuple[dict[str, object], TrialRequest]]:
-    """One ``(searched resource values, request)`` per combination of the values at the edges
-    of the searched ``resources.*`` keys (a single ``({}, request)`` when none is searched)."""
+    """``(searched resource values, request)`` per combination of the searched
+    ``resources.*`` keys' edge values (``[({}, request)]`` when none is searched)."""
     searched = {k: s.edges() for k, s in exp.search.items() if k.startswith("resources.")}
     out = []
     for values in itertools.product(*searched.values()):
@@ -154,8 +148,7 @@ def requests(exp: Experiment) -> list[tuple[dict[str, object], TrialRequest]]:
 
 
 def check_fits(exp: Experiment, capacity: Mapping[str, float]) -> None:
-    """ResourceError when a trial of ``exp`` needs more than ``capacity`` (the local Ray's),
-    with the numbers and the ``--set`` overrides that fit.
+    """ResourceError when a trial needs more than ``capacity``, with the ``--set`` that fit.
 
     Example:
         >>> from rllib_amp import experiment
@@ -168,11 +161,11 @@ def check_fits(exp: Experiment, capacity: Mapping[str, float]) -> None:
         if request.fits(capacity):
             continue
         where = "".join(f", with search.{k}={v!r}" for k, v in combo.items())
-        try:
-            fix = " ".join(f"--set {k}={v}" for k, v in _plan(exp, capacity).items())
+        if isinstance(plan := _plan(exp, capacity), str):
+            advice = plan
+        else:
+            fix = " ".join(f"--set {k}={v}" for k, v in plan.items())
             advice = f"fit them with {fix} (or pass --fit-to-machine)"
-        except _CannotFit as e:
-            advice = str(e)
         raise ResourceError(
             f"resources: each trial needs {format_amount(request.total)} "
             f"({request.describe()}{where}), but this machine's Ray has "
@@ -181,33 +174,26 @@ def check_fits(exp: Experiment, capacity: Mapping[str, float]) -> None:
 
 
 def fit_overrides(exp: Experiment, capacity: Mapping[str, float]) -> dict[str, int]:
-    """The ``resources.*`` overrides (dotted key -> value) that make every trial of ``exp``
-    fit ``capacity``; ``{}`` when it already fits.
+    """The ``resources.*`` overrides that make every trial fit ``capacity`` (``{}``: it fits).
 
-    Scales down in the order that costs the least: GPUs the machine does not have go first
-    (learners and env runners then run on CPU), a CPU learner moves into the trial process
-    (``num_learners=0``, RLlib's local learner, saving its CPU), then env runners go until
-    the rest fits (with none, the trial process samples itself). Raises ResourceError when
-    a searched resource key is too large (only the search can change it) or when even the
-    smallest setup does not fit.
+    Scales down in the order that costs the least: GPUs the machine does not have go first,
+    a CPU learner moves into the trial process (``num_learners=0``, saving its CPU), then
+    env runners go until the rest fits. ResourceError when a searched resource key does not
+    fit (only the search can change it) or even the smallest setup does not.
     """
-    try:
-        return _plan(exp, capacity)
-    except _CannotFit as e:
-        raise ResourceError(f"--fit-to-machine: {e}") from None
+    if isinstance(plan := _plan(exp, capacity), str):
+        raise ResourceError(f"--fit-to-machine: {plan}")
+    return plan
 
 
-class _CannotFit(Exception):
-    """Why no override fits; the text is the fix."""
-
-
-def _plan(exp: Experiment, capacity: Mapping[str, float]) -> dict[str, int]:
+def _plan(exp: Experiment, capacity: Mapping[str, float]) -> dict[str, int] | str:
+    """``fit_overrides``'s answer, or why none fits (the fix)."""
     bad = [combo for combo, r in requests(exp) if not r.fits(capacity)]
     if not bad:
         return {}
     if bad[0]:  # searched resource keys: every combination has them
         key, value = next(iter(bad[0].items()))
-        raise _CannotFit(
+        return (
             f"search.{key} can give {value!r}, which does not fit "
             f"{format_amount(capacity)}; narrow the values of search.{key} to what fits"
         )
@@ -237,13 +223,13 @@ def _plan(exp: Experiment, capacity: Mapping[str, float]) -> dict[str, int]:
     if req.total["CPU"] > cpus and config.num_env_runners and per_runner > 0:
         rest = req.total["CPU"] - config.num_env_runners * per_runner
         config, req = scaled(num_env_runners=max(0, math.floor((cpus - rest) / per_runner)))
-    if not req.fits(capacity):
-        raise _CannotFit(
-            f"even scaled down ({req.describe()}) a trial needs {format_amount(req.total)}; "
-            f"lower num_cpus_per_env_runner / num_cpus_per_learner in the file's resources "
-            f"section, or run on a cluster (--address)"
-        )
-    return over
+    if req.fits(capacity):
+        return over
+    return (
+        f"even scaled down ({req.describe()}) a trial needs {format_amount(req.total)}; "
+        f"lower num_cpus_per_env_runner / num_cpus_per_learner in the file's resources "
+        f"section, or run on a cluster (--address)"
+    )
 
 
 def capacity_of(resources: Mapping[str, float]) -> dict[str, float]:
@@ -252,13 +238,8 @@ def capacity_of(resources: Mapping[str, float]) -> dict[str, float]:
 
 
 def local_capacity() -> dict[str, float] | None:
-    """The CPUs and GPUs a Ray started by ``ray.init()`` will have, as Ray works them out
-    (cgroup limits, visible GPUs), before starting it; None if this Ray cannot tell.
-
-    Example:
-        >>> local_capacity()  # doctest: +SKIP
-        {'CPU': 2.0, 'GPU': 0.0}
-    """
+    """The CPUs and GPUs a Ray ``ray.init()`` starts will have (cgroup limits, visible GPUs),
+    as Ray works them out, before starting it; None if this Ray cannot tell."""
     try:
         from ray._private.resource_and_label_spec import ResourceAndLabelSpec
 
