@@ -30,25 +30,24 @@ from rllib_amp.cli import UsageError
 LOCK_FILE = "rllib_amp.lock"
 # What a lock file holds: {"host": ..., "pid": ...}; {} when being written or unreadable.
 Owner = dict[str, object]
-_held: list[str] = []  # the locations of the locks this process holds
-_local_locks: dict[str, filelock.BaseFileLock] = {}  # of those, the local ones' FileLock
+_held: dict[str, filelock.BaseFileLock | None] = {}  # this process's locks (local: FileLock)
 _made_folders: set[str] = set()  # folders a lock made: removed with it while empty
 
 
 @contextlib.contextmanager
 def locks_released() -> Iterator[None]:
-    """Releases, on the way out (an error, Ctrl-C, SIGTERM included), every lock taken in it."""
+    """Releases every lock taken in it on the way out, Ctrl-C and SIGTERM included."""
     start = len(_held)
     try:
         yield
     finally:
         while len(_held) > start:
-            unlock(_held.pop())
+            unlock(next(reversed(_held)))
 
 
 def lock(storage: str, name: str, where: str = "--name") -> None:
-    """Takes experiment ``name``'s lock, or refuses (UsageError, exit 2) naming the run that
-    holds it; a lock its command left (killed) is taken over with a line saying so."""
+    """Takes experiment ``name``'s lock, or UsageError naming the run that holds it; one left by
+    a killed command is taken over with a line saying so."""
     location = files.join(storage, name, LOCK_FILE)
     fs, path = files.resolve(location)
     # A folder the lock brings into being goes with it: a start refused later leaves nothing.
@@ -57,7 +56,6 @@ def lock(storage: str, name: str, where: str = "--name") -> None:
         if (owner := _holder(fs, path)) is not None:
             break
         if _take(name, location, fs, path):
-            _held.append(location)
             if new_folder:
                 _made_folders.add(os.path.dirname(location))
             return
@@ -78,9 +76,7 @@ def check_unlocked(storage: str, name: str, where: str) -> None:
 
 def unlock(location: str) -> None:
     """Removes the lock at ``location`` if this process holds it."""
-    with contextlib.suppress(ValueError):
-        _held.remove(location)
-    held = _local_locks.pop(location, None)
+    held = _held.pop(location, None)
     with contextlib.suppress(OSError, ValueError):
         fs, path = files.resolve(location)
         if held is not None or _holder(fs, path) == _me():
@@ -94,7 +90,7 @@ def unlock(location: str) -> None:
 
 
 def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str) -> bool:
-    """Makes this process the lock's owner, or False when another took it in between."""
+    """Makes this process the lock's owner; False when another took it in between."""
     held = None
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -119,14 +115,13 @@ def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str) -> boo
                 f"running ({shown})"
             )
     files.write_bytes(fs, path, json.dumps(_me()).encode())  # the owner a refusal names
-    if held is not None:
-        _local_locks[location] = held
+    _held[location] = held
     return True
 
 
 def _holder(fs: pyarrow.fs.FileSystem, path: str) -> Owner | None:
-    """The live run that holds the lock at ``path`` (``{}``: its file is being written or
-    unreadable), or None: no file, a local file no process holds, or a stale one."""
+    """The live run holding the lock at ``path`` (``{}``: being written or unreadable), or None
+    (no file, a local file no process holds, a stale one)."""
     local = isinstance(fs, pyarrow.fs.LocalFileSystem)
     if local:
         if not os.path.exists(path):
