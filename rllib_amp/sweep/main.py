@@ -44,27 +44,28 @@ if TYPE_CHECKING:
     from rllib_amp.experiment import Experiment
     from rllib_amp.sweep.tuner import StopOnSignals
 
-RESULTS_FILE = sweep_resume.RESULTS_FILE  # written here, read by resume (a finished run)
-
 
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
-    from rllib_amp import experiment
+    from rllib_amp import experiment  # not before: --help answers without the schema loaded
 
-    exp = experiment.load(find_config(args.config), overrides=args.overrides)
-    for note in exp.notes:  # a --set on a searched key replaces that search entry
-        print(note)
-    grid_size = math.prod(sampler.grid_size() for sampler in exp.search.values())
-    trials = (args.num_samples or exp.tune["num_samples"]) * grid_size
-    if trials > args.max_trials:
-        raise UsageError(
-            f"--max-trials: this sweep makes {trials:,} trials (search grid x num_samples), "
-            f"more than the cap of {args.max_trials:,}; lower tune.num_samples or the grid, "
-            f"or pass --max-trials {trials} to run them all"
-        )
-    with RllibNotices() as notices:  # shown once the trials start: a refusal stays one line
-        return _checked_run(args, exp, trials, notices)
+    try:
+        exp = experiment.load(find_config(args.config), overrides=args.overrides)
+        for note in exp.notes:  # a --set on a searched key replaces that search entry
+            print(note)
+        grid_size = math.prod(sampler.grid_size() for sampler in exp.search.values())
+        trials = (args.num_samples or exp.tune["num_samples"]) * grid_size
+        if trials > args.max_trials:
+            raise UsageError(
+                f"--max-trials: this sweep makes {trials:,} trials (search grid x num_samples), "
+                f"more than the cap of {args.max_trials:,}; lower tune.num_samples or the grid, "
+                f"or pass --max-trials {trials} to run them all"
+            )
+        with RllibNotices() as notices:  # shown once the trials start: a refusal stays one line
+            return _checked_run(args, exp, trials, notices)
+    except experiment.ExperimentError as e:
+        raise UsageError(str(e)) from None
 
 
 def _checked_run(
@@ -113,11 +114,10 @@ def _checked_run(
             say(f"{e}; fix it, then continue with: {stop.resume_command}")
             return 1
         with transcript.also_into(files.join(storage, name, transcript.FILE)):
-            return _report(exp, args, grid, storage, name, stopped, stop)
+            return _report(exp, grid, storage, name, stopped, stop)
 
 
 def _stopped_before_trials(stop: StopOnSignals, e: KeyboardInterrupt) -> int:
-    """One line on stderr, the exit status: 1 Ray died, else 128 + the signal."""
     if stop.ray_dead:
         say(_ray_died_line(stop))
         return 1
@@ -137,8 +137,8 @@ def _ray_died_line(stop: StopOnSignals) -> str:
 
 
 def _ray_died_stuck(stop: StopOnSignals, what: str) -> None:
-    """The command is stuck in a call to the dead Ray, and ``LocalRayWatchdog`` ends it with
-    status 1 after this: the line, and the locks released."""
+    """Before ``LocalRayWatchdog`` ends a command stuck in a call to the dead Ray: the line,
+    the locks released."""
     stop.ray_dead = stop.ray_dead or what
     say(_ray_died_line(stop))
     for location in list(experiment_lock._held):
@@ -146,10 +146,8 @@ def _ray_died_stuck(stop: StopOnSignals, what: str) -> None:
 
 
 def _print_dry_run(exp: Experiment, exp_dir: str, trials: int, checked: str) -> None:
-    import yaml
-
     print(f"# experiment {exp.path} -> {exp_dir}")
-    print(yaml.safe_dump(exp.resolved(), sort_keys=False).rstrip())
+    print(sweep_resume.dump(exp.resolved()).decode().rstrip())
     print("# search space")
     for key, sampler in exp.search.items():
         print(f"{key}: {sampler.to_dict()}")
@@ -169,9 +167,8 @@ def _tune(
     stop: StopOnSignals,
 ) -> tuple[Experiment, str, ResultGrid, int]:
     """Starts or joins Ray, fits the trials to it, runs Tune: ``(experiment as run, its name,
-    result grid, the signal that stopped it or 0)``. A new run (``name`` None) takes its name
-    once every check has passed, so a refused start leaves no folder. A local Ray it starts is
-    watched until its shutdown (``LocalRayWatchdog``; on a cluster Ray ends the driver)."""
+    result grid, the stopping signal or 0)``. A new run (``name`` None) takes its name once
+    every check passed, so a refused start leaves no folder."""
     import ray
 
     from rllib_amp.sweep import grafana
@@ -231,8 +228,7 @@ def _tune(
 
 
 def _discard_unstarted(storage: str, name: str) -> bool:
-    """A new run stopped before Tune's loop has no experiment state to resume: what it wrote
-    (tuner.pkl, experiment.yaml, the lock) goes, and True; a run with a saved state stays."""
+    """Removes a new run stopped before Tune saved any state (True); one with a state stays."""
     try:
         fs, path = files.resolve(files.join(storage, name))
         if files.experiment_state_file(fs, path) is not None:
@@ -272,20 +268,19 @@ def _build_tuner(
 
 def _report(
     exp: Experiment,
-    args: argparse.Namespace,
     grid: ResultGrid,
     storage: str,
     name: str,
     interrupted: int,
     stop: StopOnSignals,
 ) -> int:
-    """Prints the trials, the best checkpoint and the recommendation, writes results.parquet;
-    the exit status: 0, 1 (a trial failed or did not finish, Ray died) or 128 + the signal."""
+    """Prints the summary and writes results.parquet: exit 0, 1 (a trial failed or did not
+    finish, Ray died) or 128 + the signal."""
     from rllib_amp.sweep import figure, groups, recommend, summary
 
     exp_dir = files.join(storage, name)
-    parquet = files.join(exp_dir, RESULTS_FILE)
-    resume = sweep_resume.resume_command(args, exp, name, storage)
+    parquet = files.join(exp_dir, sweep_resume.RESULTS_FILE)
+    resume = stop.resume_command
     results = [grid[i] for i in range(len(grid))]  # a ResultGrid is indexed, not iterable
     rows = summary.summarize(exp, results, storage)
     fault = sweep_storage.storage_fault(exp_dir, rows)
@@ -331,8 +326,8 @@ def _report(
 def _fit_resources(
     exp: Experiment, args: argparse.Namespace, capacity: Mapping[str, float]
 ) -> Experiment:
-    """On a local Ray (no autoscaler) a trial that does not fit would stay PENDING forever:
-    exit 2 with the numbers and the fix, or scale it down with --fit-to-machine."""
+    """A trial that does not fit a local Ray would stay PENDING forever: exit 2, or with
+    --fit-to-machine scale it down."""
     from rllib_amp.sweep import resources as sweep_resources
 
     if not args.fit_to_machine:
@@ -353,16 +348,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Tune's classic reporter, so the AMP columns show in the progress table.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     bad_input = (sweep_storage.StorageError, ResourceError)
-    return main_wrapper(PROG, _run_with_bad_input_as_usage, argv, errors=bad_input)
-
-
-def _run_with_bad_input_as_usage(argv: Sequence[str] | None) -> int:
-    """``run``, with ExperimentError (bad input) as UsageError, looked up only once its module
-    is loaded: ``--help`` and the flag errors answer without importing the schema."""
-    try:
-        return run(argv)
-    except Exception as e:
-        experiment = sys.modules.get("rllib_amp.experiment")
-        if experiment is not None and isinstance(e, experiment.ExperimentError):
-            raise UsageError(str(e)) from None
-        raise
+    return main_wrapper(PROG, run, argv, errors=bad_input)
