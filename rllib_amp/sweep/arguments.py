@@ -36,24 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sweep the GradScaler's init_scale / growth_interval and the batch size "
         "of an rllib-amp experiment with Ray Tune.",
     )
-    p.add_argument("--config", default=None, help=f"experiment YAML (default: {DEFAULT_CONFIG})")
+    p.add_argument("--config", help=f"experiment YAML (default: {DEFAULT_CONFIG})")
     p.add_argument(
         "--address",
-        default=None,
         help="Ray cluster: 'auto', host:port or ray://host:port (default: a local Ray "
         "started in this process)",
     )
-    p.add_argument("--num-samples", type=int, default=None, help="samples per grid point")
+    p.add_argument("--num-samples", type=int, help="samples per grid point")
     p.add_argument(
         "--storage-path",
-        default=None,
         help="where experiments go: a local path, a shared mount or a URI such as "
         "s3://bucket/experiments (default: the file's storage_path, else "
         f"${sweep_storage.STORAGE_ENV}, else {sweep_storage.DEFAULT_STORAGE})",
     )
     p.add_argument(
         "--name",
-        default=None,
         help="experiment name, a folder name under STORAGE_PATH: letters, digits, '.', '_', "
         "'-', '+', '=' (default: the file's name and the start time, e.g. "
         "cartpole_ppo_amp_2026-12-01_16-20-03; with --resume: the newest such run)",
@@ -104,7 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wandb-project",
         type=loggers.wandb_project,
-        default=None,
         help="also log every trial to this Weights & Biases project (needs pip install wandb)",
     )
     p.add_argument(
@@ -132,14 +128,12 @@ def find_config(path: str | None) -> str:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The flags' own rules: ranges, flags that need another, a name that is taken."""
-    if args.num_samples is not None and args.num_samples < 1:
-        raise UsageError(f"--num-samples: got {args.num_samples}; must be >= 1")
-    if args.max_trials < 1:
-        raise UsageError(f"--max-trials: got {args.max_trials}; must be >= 1")
-    if args.accept_changes and not args.resume:
-        raise UsageError("--accept-changes: only applies with --resume; drop it or add --resume")
-    if args.restart_damaged and not args.resume:
-        raise UsageError("--restart-damaged: only applies with --resume; drop it or add --resume")
+    for flag, value in (("--num-samples", args.num_samples), ("--max-trials", args.max_trials)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: got {value}; must be >= 1")
+    for flag in ("--accept-changes", "--restart-damaged"):
+        if getattr(args, flag[2:].replace("-", "_")) and not args.resume:
+            raise UsageError(f"{flag}: only applies with --resume; drop it or add --resume")
     if args.fit_to_machine and args.address:
         raise UsageError(
             "--fit-to-machine: scales trials to the local Ray this command starts; drop "
