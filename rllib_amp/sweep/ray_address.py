@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 ADDRESS_PROBE_TIMEOUT_S = 5.0
 # HTTP/2 client preface and an empty SETTINGS frame (RFC 9113 3.4, 6.5); type 4 = SETTINGS.
 _HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-_HTTP2_SETTINGS = 4
 
 
 def ray_address(args: argparse.Namespace) -> tuple[str | None, str]:
@@ -51,13 +50,7 @@ def ray_address(args: argparse.Namespace) -> tuple[str | None, str]:
 
 def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIMEOUT_S) -> None:
     """UsageError naming ``where`` and the fix when nothing Ray-like answers at ``address``
-    (malformed, unknown, refused, silent, not gRPC), before ``ray.init`` waits on it.
-
-    Example:
-        >>> probe_address("127.0.0.1:1", "--address")  # doctest: +SKIP
-        Traceback (most recent call last):
-        rllib_amp.cli.UsageError: --address: nothing answers at 127.0.0.1:1 (...); ...
-    """
+    (malformed, unknown, refused, silent, not gRPC), before ``ray.init`` waits on it."""
     local = "unset RAY_ADDRESS" if where == "RAY_ADDRESS" else "drop --address"
     fix = (
         f"start the cluster (ray start --head) or pass the address it printed, or {local} to "
@@ -92,7 +85,7 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
         ) from None
     # Ray's GCS and client server speak gRPC: a server that answers HTTP/2's preface with no
     # SETTINGS frame is something else, which ray.init would wait on for minutes.
-    if len(answer) < 9 or answer[3] != _HTTP2_SETTINGS:
+    if len(answer) < 9 or answer[3] != 4:
         raise UsageError(
             f"{where}: {host}:{port} answers but is not a Ray cluster (no gRPC there); pass "
             f"the address `ray start --head` printed (GCS port 6379 by default, or "
@@ -106,9 +99,8 @@ def _host_port(address: str) -> tuple[str | None, int | None]:
         port = u.port
     except ValueError:
         return None, None
-    if u.scheme != "ray" or not u.hostname or not port or u.path not in ("", "/"):
-        return None, None
-    return (None, None) if u.query or u.fragment else (u.hostname, port)
+    bad = u.scheme != "ray" or not u.hostname or not port or u.path not in ("", "/")
+    return (None, None) if bad or u.query or u.fragment else (u.hostname, port)
 
 
 # What ray/_private/node.py raises once a new raylet has not registered within its fixed 30 s.
@@ -116,9 +108,8 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 def start_ray(address: str | None, where: str) -> str | None:
-    """``ray.init`` (no address: a fresh local Ray), its failures as UsageError; the session
-    folder of the Ray joined (None through Ray Client). The SIGTERM handler found before is
-    kept (``ray.init`` puts its own ``sys.exit(15)`` there)."""
+    """``ray.init`` (no address: a fresh local Ray), its failures as UsageError, the SIGTERM
+    handler kept (it puts its own ``sys.exit(15)`` there); the session folder (Ray Client: None)."""
     import ray
 
     sigterm = signal.getsignal(signal.SIGTERM)
@@ -163,11 +154,10 @@ RAY_PROCESSES = ("raylet", "gcs_server")  # the names of Ray's executables
 
 @dataclass(eq=False)  # one watchdog is one thread: compared by identity
 class LocalRayWatchdog:
-    """For the command's own process only (``rllib_amp.cli.may_end_process``): waits, in a
-    daemon thread, on the raylet and GCS server of the local Ray this process started. Once
-    one is gone it calls ``on_death(what)``; if not released ``grace_s`` later (stuck in a
-    call to the dead Ray), ``on_stuck(what)``, then it ends what is left of that Ray and
-    exits 1. Used as ``start``, ``stop_checking`` before ``ray.shutdown``, ``release``."""
+    """For the command's own process only (``cli.may_end_process``): a daemon thread waits on
+    the raylet and GCS server of the local Ray this process started. Once one is gone it calls
+    ``on_death(what)``; if not released ``grace_s`` later (stuck in a call to the dead Ray),
+    ``on_stuck(what)``, then ends what is left of that Ray and exits 1."""
 
     on_death: Callable[[str], None]
     on_stuck: Callable[[str], None]
@@ -178,7 +168,7 @@ class LocalRayWatchdog:
     _calling: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def start(self, session_dir: str) -> None:
-        """Watches the Ray processes among this process's children (none: nothing to do)."""
+        """Watches the Ray processes among this process's children."""
         import psutil  # Ray's own copy (ray/thirdparty_files), importable once ray is
 
         watched = {p: p.name() for p in psutil.Process().children() if p.name() in RAY_PROCESSES}
@@ -237,11 +227,9 @@ def end_local_ray(session_dir: str) -> None:
 
 
 def _how_it_ended(status: int | None) -> str:
-    """An exit status in words: ``-9`` "was killed by SIGKILL", ``1`` "exited with 1".
-
-    Example:
-        >>> _how_it_ended(-9)
-        'was killed by SIGKILL'
+    """Example:
+    >>> _how_it_ended(-9)
+    'was killed by SIGKILL'
     """
     if status is None:  # reaped by someone else: no status to tell
         return "exited"

@@ -1,8 +1,7 @@
-"""Experiment names, reruns and the resume rules: a run without ``--name`` gets the file's
-name and its start time, so the same command again starts a new run beside the old one, and
-``--resume`` without ``--name`` continues the newest. An explicit ``--name`` in use is refused
-(a new Tune experiment there would orphan the old trials' checkpoints); a finished run is
-not continued (``finished``).
+"""Experiment names and the resume rules: a run without ``--name`` gets the file's name and
+its start time, so the same command again starts a new run, and ``--resume`` without
+``--name`` continues the newest. A ``--name`` in use is refused (a new Tune experiment there
+would orphan the old trials); a finished run is not continued.
 
 Example:
     >>> import datetime
@@ -46,8 +45,7 @@ RESULTS_FILE = "results.parquet"  # beside the trials once sweep.main wrote the 
 
 
 def check_name(name: str, where: str = "--name") -> None:
-    """UsageError unless ``name`` is one folder name (never ``..``, ``a/b`` or characters a
-    URI would misread).
+    """UsageError unless ``name`` is one folder name (not ``..``, ``a/b``, what URIs misread).
 
     Example:
         >>> check_name("cartpole-amp_2")
@@ -71,7 +69,7 @@ def timestamped(base: str, when: datetime.datetime | None = None, n: int = 1) ->
 
 
 def runs_of(base: str, storage: str) -> list[str]:
-    """The runs of file ``base`` in ``storage``, oldest first (a plain ``base`` before all)."""
+    """The runs of file ``base`` in ``storage``, oldest first (a plain ``base`` first)."""
     pattern = re.compile(rf"{re.escape(base)}(?:_({_STAMP})(?:_(\d+))?)?")
     fs, path = files.resolve(storage)
     try:
@@ -94,8 +92,8 @@ def newest_run(base: str, storage: str) -> str | None:
 
 
 def new_run_name(base: str, storage: str) -> str:
-    """A name no run in ``storage`` has (``timestamped``), locked; on a local path its folder
-    is made atomically, so two commands started at once never share one."""
+    """A ``timestamped`` name no run in ``storage`` has, locked; on a local path its folder is
+    made atomically, so two commands started at once never share one."""
     now = datetime.datetime.now()
     for n in range(1, _MAX_NAME_TRIES + 1):
         name = timestamped(base, now, n)
@@ -130,12 +128,12 @@ def release(storage: str, name: str) -> None:
 
 
 class Finished(Exception):
-    """A ``--resume`` of a run that finished: the one line to print; then exit 0."""
+    """A ``--resume`` of a finished run: the line to print, then exit 0."""
 
 
 def choose_name(base: str, storage: str, *, name: str | None, resume: bool) -> str | None:
-    """The experiment name of this start, or None for a new run of file ``base``; exit 2
-    for a bad or taken name or nothing to resume; ``Finished`` for a finished run."""
+    """This start's experiment name (None: a new run of file ``base``), or exit 2 for a bad or
+    taken name or nothing to resume, or ``Finished``."""
     if name is not None:
         check_name(name)
         if not resume:
@@ -179,24 +177,16 @@ def _all(trials: int) -> str:
 
 
 def finished(exp_dir: str) -> tuple[int, str] | None:
-    """``(trials, results.parquet's location)`` when the run at ``exp_dir`` finished: every
-    trial TERMINATED in Tune's newest ``experiment_state-*.json`` and its results.parquet
-    written; else None. Reads JSON only: no Ray, no RLlib.
-
-    Example:
-        >>> import tempfile
-        >>> finished(tempfile.mkdtemp()) is None  # no experiment state
-        True
-    """
+    """``(trials, results.parquet's location)`` when every trial is TERMINATED in Tune's newest
+    experiment state and results.parquet was written; no Ray, no RLlib."""
     try:
         fs, path = files.resolve(exp_dir)
         if (state_file := files.experiment_state_file(fs, path)) is None:
             return None
         state = json.loads(files.read_bytes(fs, state_file))
         statuses = [json.loads(entry[0]).get("status") for entry in state["trial_data"]]
-        if not statuses or any(s != "TERMINATED" for s in statuses):
-            return None
-        if not files.exists(fs, posixpath.join(path, RESULTS_FILE)):
+        ended = set(statuses) == {"TERMINATED"}
+        if not ended or not files.exists(fs, posixpath.join(path, RESULTS_FILE)):
             return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
@@ -204,8 +194,7 @@ def finished(exp_dir: str) -> tuple[int, str] | None:
 
 
 def refuse_taken(storage: str, name: str) -> None:
-    """Exit 2 when ``storage`` already holds an experiment ``name`` (Tune would start a new
-    one in its folder and orphan the old trials)."""
+    """Exit 2 when ``storage`` already holds an experiment ``name``."""
     check_unlocked(storage, name, "--name")
     exp_dir = files.join(storage, name)
     if (done := finished(exp_dir)) is not None:
@@ -223,8 +212,7 @@ def refuse_taken(storage: str, name: str) -> None:
 
 
 def run_spec(exp: Experiment, num_samples: int | None) -> dict[str, object]:
-    """What a run is: the resolved experiment, with --num-samples in it; its storage_path
-    may change between a run and its --resume."""
+    """The resolved experiment with --num-samples, less storage_path (--resume may move it)."""
     spec = exp.resolved()
     if num_samples is not None:
         spec["tune"] = {**exp.tune, "num_samples": num_samples}
@@ -254,7 +242,7 @@ def changed_keys(stored: Mapping[str, object], current: Mapping[str, object]) ->
 
 def check_unchanged(exp_dir: str, spec: Mapping[str, object], accept: bool) -> None:
     """Exit 2 when the experiment differs from the one stored at the first start, unless
-    ``accept`` (--accept-changes), which prints what differs and goes on."""
+    ``accept``: then what differs is printed."""
     import yaml
 
     location = files.join(exp_dir, EXPERIMENT_FILE)
@@ -298,8 +286,8 @@ def resume_command(args: argparse.Namespace, exp: Experiment, name: str, storage
 
 
 def taken(exp_dir: str) -> bool:
-    """Whether anything but a lone lock is at ``exp_dir`` (unreachable storage: False, for
-    the run's check_writable to name)."""
+    """Whether anything but a lone lock is at ``exp_dir`` (unreachable: False, for
+    check_writable to name)."""
     try:
         fs, path = files.resolve(exp_dir)
         if files.is_file(fs, path):
@@ -321,7 +309,7 @@ def can_restore(exp_dir: str) -> bool:
 
 @contextlib.contextmanager
 def warnings_on_stderr(logger_name: str) -> Iterator[None]:
-    """Within it, the WARNINGs of logger ``logger_name`` go to stderr once, as "WARNING ..."."""
+    """Within it, the records of logger ``logger_name`` go to stderr only, as "WARNING ..."."""
     logger = logging.getLogger(logger_name)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
@@ -335,7 +323,7 @@ def warnings_on_stderr(logger_name: str) -> Iterator[None]:
 
 
 def fall_back_to_intact_checkpoints(exp_dir: str, restart_damaged: bool = False) -> None:
-    """Before Tuner.restore: trials whose latest checkpoint is damaged resume from their newest
+    """Before Tuner.restore: a trial whose latest checkpoint is damaged resumes from its newest
     intact one; exit 2 for one with none left, unless ``restart_damaged``."""
     from rllib_amp.checkpoints import fallback as checkpoint_fallback
 

@@ -23,7 +23,6 @@ import pyarrow.fs
 
 from rllib_amp import fs as files
 from rllib_amp.cli import root_error
-from rllib_amp.fs import is_uri
 
 if TYPE_CHECKING:
     import ray
@@ -49,8 +48,7 @@ class StorageError(ValueError):
 
 
 class StorageFailed(Exception):
-    """The storage failed under a running sweep so badly that Tune could not read its
-    experiment back (an S3 endpoint gone): one line naming the folder and the cause."""
+    """The storage failed under a running sweep so that Tune could not read it back."""
 
     def __init__(self, exp_dir: str, cause: BaseException) -> None:
         super().__init__(f"the storage at {exp_dir} failed: {files.error_line(cause)}")
@@ -82,7 +80,7 @@ def resolve(flag: str | None, from_file: str | None, env: Mapping[str, str] | No
 
 
 def _normalise(location: str, where: str) -> str:
-    if not is_uri(location):
+    if not files.is_uri(location):
         try:
             return files.local_path(location)
         except ValueError as e:
@@ -99,12 +97,7 @@ def _normalise(location: str, where: str) -> str:
 
 
 def check_reachable(location: str) -> None:
-    """StorageError when the endpoint of ``location`` does not answer within the remote
-    timeout (``rllib_amp.fs.probe``). Local paths are not asked.
-
-    Example:
-        >>> check_reachable("/tmp")  # local: nothing to reach
-    """
+    """StorageError when the endpoint of ``location`` does not answer (``fs.probe``)."""
     try:
         files.probe(location)
     except (OSError, ValueError) as e:
@@ -116,7 +109,7 @@ def check_reachable(location: str) -> None:
 
 
 def _write_failure(location: str) -> OSError | ValueError | None:
-    """Why a marker cannot be written to ``location``, read back and removed, or None."""
+    """Why a marker cannot be written to ``location``, read back and removed."""
     try:
         with files.write_probe(location) as (marker, token):
             if _read_marker(marker) != token:
@@ -132,12 +125,7 @@ def _read_marker(location: str) -> bytes:
 
 
 def check_writable(location: str) -> None:
-    """StorageError with the cause when ``location`` does not answer or a marker cannot be
-    written there, read back and removed (a missing bucket, no credentials, read-only).
-
-    Example:
-        >>> check_writable("/tmp")  # returns None when the driver can use it
-    """
+    """StorageError with the cause when ``location`` does not answer or cannot take a marker."""
     check_reachable(location)  # one timeout for a dead endpoint, named as such
     if (e := _write_failure(location)) is not None:
         raise StorageError(
@@ -147,15 +135,9 @@ def check_writable(location: str) -> None:
 
 
 def failed(error: BaseException, exp_dir: str) -> bool:
-    """Whether ``error`` (an OSError out of Tune's run) is the storage at ``exp_dir`` failing:
-    a refused write's errno on a path in a local ``exp_dir``, or a fresh check failing now.
-
-    Example:
-        >>> import tempfile
-        >>> failed(OSError("unrelated"), tempfile.mkdtemp())
-        False
-    """
-    if getattr(error, "errno", None) in FAILED_ERRNOS and not is_uri(exp_dir):
+    """Whether ``error`` (out of Tune's run) is the storage at ``exp_dir`` failing: a refused
+    write's errno on a path in a local ``exp_dir``, or a fresh check failing now."""
+    if getattr(error, "errno", None) in FAILED_ERRNOS and not files.is_uri(exp_dir):
         root = files.local_path(exp_dir)
         names = [getattr(error, key, None) for key in ("filename", "filename2")]
         paths = [files.local_path(name) for name in names if isinstance(name, str)]
@@ -198,14 +180,7 @@ def stopped_on_storage(error: str | None) -> bool:
 
 
 def storage_fault(exp_dir: str, rows: Sequence[Mapping[str, object]]) -> str | None:
-    """One line naming the storage error of a run (``exp_dir`` unwritable now, or trials
-    stopped on it), said once for all trials, or None.
-
-    Example:
-        >>> import tempfile
-        >>> storage_fault(tempfile.mkdtemp(), [{"trial_id": "a", "error": None}]) is None
-        True
-    """
+    """One line for all trials naming the storage error (unwritable now, trials stopped on it)."""
     stopped = [r for r in rows if stopped_on_storage(str(r.get("error") or ""))]
     refused = _write_failure(exp_dir)
     if refused is None and not stopped:
@@ -218,13 +193,8 @@ def storage_fault(exp_dir: str, rows: Sequence[Mapping[str, object]]) -> str | N
 
 
 def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOUT_S) -> int:
-    """Proves every alive node reads a marker the driver wrote, from a 0-CPU task pinned to
-    each: the number of nodes (nothing is checked on one), or StorageError naming the others.
-
-    Example:
-        >>> check_reachable_from_nodes("s3://bucket/experiments")  # doctest: +SKIP
-        3
-    """
+    """The number of nodes once each reads a marker the driver wrote (a 0-CPU task pinned to
+    it; nothing is checked on one node), or StorageError naming those that cannot."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -261,7 +231,6 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
 
 
 def _unread(ref: ray.ObjectRef[bytes], ready: bool, token: bytes, timeout_s: float) -> str | None:
-    """Why a node's reader task did not read ``token``, or None."""
     import ray
 
     if not ready:
@@ -276,16 +245,10 @@ def _unread(ref: ray.ObjectRef[bytes], ready: bool, token: bytes, timeout_s: flo
 
 @contextlib.contextmanager
 def keep_files_whole() -> Iterator[None]:
-    """Within it, each file Tune uploads to a local or mounted storage replaces the old one
-    whole or not at all (a full disk cut Tune's experiment state mid-JSON, which ``--resume``
-    could not read): it goes to ``<name>.rllib-amp-partial``, renamed over the old one once
-    complete, through a replacement of Tune's ``_pyarrow_fs_copy_files`` (pinned by
-    tests/unit/sweep/test_storage.py); nested uses wrap once.
-
-    Example:
-        >>> with keep_files_whole():  # doctest: +SKIP
-        ...     tuner.fit()
-    """
+    """Within it, each file Tune uploads to local storage replaces the old one whole or not at
+    all (a full disk cut Tune's experiment state mid-JSON): written to ``<name>.rllib-amp-
+    partial``, then renamed, by replacing Tune's ``_pyarrow_fs_copy_files`` (pinned by
+    tests/unit/sweep/test_storage.py); nested uses wrap once."""
     from ray.train._internal import storage as train_storage
 
     copy = train_storage._pyarrow_fs_copy_files
