@@ -66,13 +66,9 @@ def _lr(path: str, v: object) -> None:
         raise err(path, "training.lr", f"got {v!r}; {fix}")
     previous: Any = -1
     for pair in v:
-        ok = isinstance(pair, list) and len(pair) == 2
-        step: Any
-        lr: Any
-        step, lr = pair if ok else (None, None)
-        ok = ok and isinstance(step, int) and not isinstance(step, bool) and step > previous
-        ok = ok and is_number(lr) and math.isfinite(lr) and lr >= 0
-        if not ok:
+        step, lr = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)
+        ok = isinstance(step, int) and not isinstance(step, bool) and step > previous
+        if not (ok and is_number(lr) and math.isfinite(lr) and lr >= 0):
             raise err(path, "training.lr", f"got the pair {pair!r} in {v!r}; {fix}")
         previous = step
     if v[0][0] != 0:
