@@ -100,8 +100,12 @@ def with_amp(
             f"use AmpSettings.from_dict({settings!r}) or pass fields as keywords"
         )
     searched: dict[str, Any] = {}
-    if settings is None:
-        settings, searched = _settings_in(config)
+    if settings is None:  # those already in config; fields holding Tune samplers stay samplers
+        block = (config.learner_config_dict or {}).get(AMP_CONFIG_KEY)
+        if isinstance(block, Mapping):
+            searched = {k: v for k, v in block.items() if is_search_space(v)}
+            block = {k: v for k, v in block.items() if k not in searched}
+        settings = AmpSettings.from_dict(block, where="amp")
     if fields:
         settings = settings.replace(**fields)
         searched = {k: v for k, v in searched.items() if k not in fields}
@@ -120,13 +124,3 @@ def with_amp(
             else AmpSingleAgentEnvRunner
         )
     return config
-
-
-def _settings_in(config: AlgorithmConfig) -> tuple[AmpSettings, dict[str, Any]]:
-    """The AmpSettings already stored in ``config`` and the fields that hold Tune samplers."""
-    block = (config.learner_config_dict or {}).get(AMP_CONFIG_KEY)
-    if not isinstance(block, Mapping):
-        return settings_from_config(config), {}
-    searched = {k: v for k, v in block.items() if is_search_space(v)}
-    plain = {k: v for k, v in block.items() if k not in searched}
-    return AmpSettings.from_dict(plain, where="amp"), searched

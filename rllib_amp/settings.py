@@ -200,7 +200,9 @@ class AmpSettings:
         # Normalise and validate even when constructed directly, so that the same spellings
         # work everywhere (YAML, with_amp, Tune) and no invalid AmpSettings can exist.
         _normalise(self)
-        _validate(self)
+        for key, test, rule in _RULES:
+            if not test(value := getattr(self, key)):
+                raise ValueError(f"{key}: got {_brief(value)}; {rule}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -338,12 +340,6 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         f"must be an integer in [1, {INT32_MAX}] (GradScaler counts in int32); the default is 2000",
     ),
 )
-
-
-def _validate(s: AmpSettings) -> None:
-    for key, test, rule in _RULES:
-        if not test(value := getattr(s, key)):
-            raise ValueError(f"{key}: got {_brief(value)}; {rule}")
 
 
 # -- the one reader and writer of the AMP block inside an AlgorithmConfig ---------------------

@@ -148,27 +148,24 @@ def _first_intact(
     for i, folder in enumerate(folders):
         try:
             verified = verify_checkpoint(folder, filesystem=fs, announce_missing_manifest=False)
+            # Without a manifest where the trial's older checkpoints have one: rllib-amp
+            # writes it before Tune uploads, so this upload was cut off.
+            manifest = MANIFEST_FILE_NAME
             if verified is not None and verified.manifest is None:
-                _check_not_cut_off(fs, folder, folders[i + 1 :])
+                older = (o for o in folders[i + 1 :] if is_file(fs, posixpath.join(o, manifest)))
+                if (witness := next(older, None)) is not None:
+                    fail(
+                        fs,
+                        posixpath.join(folder, manifest),
+                        f"is missing while the trial's older {posixpath.basename(witness)} has "
+                        f"one: the checkpoint's save or upload was cut off (a full disk, a "
+                        f"killed process)",
+                    )
         except CheckpointError as e:
             damaged.append((folder, e))
             continue
         return folder, damaged
     return None, damaged
-
-
-def _check_not_cut_off(fs: pyarrow.fs.FileSystem, folder: str, older: list[str]) -> None:
-    """CheckpointError for a checkpoint without a manifest in a trial whose older ones have
-    one: rllib-amp writes it before Tune uploads, so this upload was cut off."""
-    manifest = MANIFEST_FILE_NAME
-    witness = next((o for o in older if is_file(fs, posixpath.join(o, manifest))), None)
-    if witness is not None:
-        fail(
-            fs,
-            posixpath.join(folder, manifest),
-            f"is missing while the trial's older {posixpath.basename(witness)} has one: the "
-            f"checkpoint's save or upload was cut off (a full disk, a killed process)",
-        )
 
 
 def _move_aside(fs: pyarrow.fs.FileSystem, folder: str, *, copy: bool = False) -> str:
