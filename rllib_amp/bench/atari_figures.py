@@ -142,12 +142,9 @@ def numpy_bytes(obj: object) -> int:
 def replay_bytes_one(
     preprocessing: str, transitions: int, num_envs: int = E2E_ENVS_PER_RUNNER
 ) -> dict[str, float]:
-    """Bytes per stored transition of the DQN config's replay buffer on ``preprocessing``.
-
-    Samples ``transitions`` random-action env steps, adds them to the replay buffer class the
-    DQN config names, and counts the numpy bytes its episodes hold: ``all`` (observations,
-    actions, rewards, ...) and ``observations`` alone, each per stored transition.
-    """
+    """Numpy bytes per stored transition, ``all`` and ``observations`` alone, that the DQN
+    config's replay buffer holds after ``transitions`` random-action env steps on the Atari
+    path ``preprocessing``."""
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.utils import replay_buffers
 

@@ -41,10 +41,13 @@ PROG = "python -m rllib_amp.bench"
 PARITY_SEEDS = (0, 1, 2)
 
 
-def _items(text: str, allowed: Sequence[str]) -> list[str]:
+def _items(text: str, allowed: Sequence[str], known: bool = True) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise argparse.ArgumentTypeError(f"empty list; allowed: {','.join(allowed)}")
+    for item in items if known else ():
+        if item not in allowed:
+            raise argparse.ArgumentTypeError(f"{item!r} is not one of {','.join(allowed)}")
     return items
 
 
@@ -52,7 +55,7 @@ def _algos(text: str) -> list[str]:
     """``--algos``: algorithms of rllib_amp.algorithms that have a bench workload."""
     out = []
     allowed = ",".join(WORKLOADS)
-    for name in _items(text, list(WORKLOADS)):
+    for name in _items(text, list(WORKLOADS), known=False):  # any spelling of the registry
         try:
             record = algorithm(name)
         except ValueError:
@@ -67,22 +70,15 @@ def _algos(text: str) -> list[str]:
     return out
 
 
-def _models(text: str) -> list[str]:
-    """``--models``: model presets."""
-    items = _items(text, MODELS)
-    for item in items:
-        if item not in MODELS:
-            raise argparse.ArgumentTypeError(f"{item!r} is not one of {','.join(MODELS)}")
-    return items
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``python -m rllib_amp.bench``."""
     p = Parser(prog=PROG, description="What AMP buys over stock RLlib, side by side in one run.")
     p.add_argument("--quick", action="store_true", help="full preset only, fewer reps, no parity")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if any")
     p.add_argument("--algos", type=_algos, default=None, help=f"e.g. {','.join(WORKLOADS)}")
-    p.add_argument("--models", type=_models, default=None, help="mini,full,high")
+    p.add_argument(
+        "--models", type=lambda t: _items(t, MODELS), default=None, help="mini,full,high"
+    )
     p.add_argument("--reps", type=int, default=None, help="timed repetitions per variant")
     p.add_argument("--json", default=None, help="also write the results as JSON here")
     p.add_argument(

@@ -182,13 +182,12 @@ def bench_fixed_cost(
                 f"fixed cost, {v}: the {long}-epoch update took {n_long} optimizer steps, "
                 f"the {short}-epoch one {n_short}; nothing to difference"
             )
-        per_step_s = (t_long - t_short) / (n_long - n_short)
         return {
             "short_s": t_short,
             "short_steps": n_short,
             "long_s": t_long,
             "long_steps": n_long,
-            "per_step_s": per_step_s,
+            "per_step_s": (t_long - t_short) / (n_long - n_short),
         }
 
     out = interleaved_reps(variants, reps, record)

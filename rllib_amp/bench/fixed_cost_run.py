@@ -31,7 +31,7 @@ from typing import TypedDict
 from rllib_amp.bench import fixed_cost
 from rllib_amp.bench.fixed_cost import FixedCostRecord
 from rllib_amp.bench.harness import in_child
-from rllib_amp.bench.report import check_outputs, machine_description, markdown_table
+from rllib_amp.bench.report import check_outputs, machine_description, markdown_table, write_json
 from rllib_amp.bench.workloads import VARIANTS_CPU, VARIANTS_GPU
 from rllib_amp.cli import UsageError, main_wrapper
 
@@ -125,8 +125,7 @@ def _run(argv: Sequence[str] | None) -> int:
             }
         )
         if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
+            write_json(args.json, data)
     print(table(data))
     return 0
 

@@ -103,14 +103,13 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def reset_peak_rss() -> bool:
+def reset_peak_rss() -> None:
     """Resets this process's peak resident memory (VmHWM) to its current RSS (Linux >= 4.0)."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return True
     except OSError:
-        return False
+        raise RuntimeError("cannot reset peak RSS (/proc/self/clear_refs)") from None
 
 
 def peak_rss_bytes() -> int:

@@ -97,9 +97,9 @@ def machine_description(device: str) -> str:
     """What the figures were measured on: the GPU, or the CPU and its bfloat16 flags."""
     import torch
 
-    if device == "cuda":
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return f"{describe_cpu(read_cpuinfo(), os.cpu_count())}, torch {torch.__version__}"
+    cuda = device == "cuda"
+    what = torch.cuda.get_device_name(0) if cuda else describe_cpu(read_cpuinfo(), os.cpu_count())
+    return f"{what}, torch {torch.__version__}"
 
 
 # -- rows and the table -----------------------------------------------------------------------
@@ -355,7 +355,8 @@ def check_outputs(json_path: str | None, out_dir: str | None) -> None:
             raise UsageError(f"--out: {target} is a folder; remove it or pass another --out")
 
 
-def _write_json(path: str, doc: object) -> None:
+def write_json(path: str, doc: object) -> None:
+    """``doc`` as indented JSON (numpy numbers as floats) into ``path``."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, default=float)
 
@@ -363,7 +364,7 @@ def _write_json(path: str, doc: object) -> None:
 def write_partial(results: Results, json_path: str) -> None:
     """The figures measured so far as ``{"partial": true, "raw": ...}``, replaced atomically;
     the finished run's ``write_outputs`` overwrites it."""
-    _write_json(f"{json_path}.tmp", {"partial": True, "raw": results})
+    write_json(f"{json_path}.tmp", {"partial": True, "raw": results})
     os.replace(f"{json_path}.tmp", json_path)
 
 
@@ -372,7 +373,7 @@ def write_outputs(
 ) -> None:
     """Writes the JSON file and the ``--out`` folder's parquet table and ratio plot."""
     if json_path:
-        _write_json(json_path, {"rows": rows, "targets": targets(results), "raw": results})
+        write_json(json_path, {"rows": rows, "targets": targets(results), "raw": results})
     if not out_dir:
         return
     import pyarrow as pa

@@ -85,17 +85,11 @@ def sampling_one(
     num_cpus: int = 2,
     torch_threads: int | None = None,
 ) -> tuple[float, float]:
-    """(env steps/s, env steps per CPU-second) of one timed ``EnvRunner.sample()`` call, after
-    a warm-up call, on the Atari path ``preprocessing`` (``sampler``: native only), inference
-    included. A picklable job for ``in_child``.
-
-    The runner lives in this process (the config's ``env_runner_cls``, RLlib's
-    SingleAgentEnvRunner by default); actions come from its RLModule, as in training. Torch
-    runs ``num_cpus`` threads meanwhile (unless ``torch_threads``), as Ray sets for an EnvRunner
-    actor (OMP_NUM_THREADS); more threads than cores stall every small op on a busy machine.
-    CPU time is the whole process's (all threads): the cost per step, steadier than wall time
-    on shared cores.
-    """
+    """(env steps/s, env steps per CPU-second of the whole process: steadier on shared cores)
+    of one timed ``EnvRunner.sample()`` after a warm-up call, on the Atari path
+    ``preprocessing`` (``sampler``: native only), actions from the RLModule. A job for
+    ``in_child``. Torch runs ``num_cpus`` threads (unless ``torch_threads``), as Ray sets for an
+    EnvRunner actor: more threads than cores stall every small op on a busy machine."""
     import torch
 
     from rllib_amp.bench.workloads import stock_env_runner

@@ -187,10 +187,8 @@ def algo_config(
     cfg.rl_module(model_config=models.model_config(model, image=envs.is_atari(env)))
     cfg.learners(num_gpus_per_learner=1 if device == "cuda" else 0)
     # RLlib's keywords, each typed in its signature: the workloads' values are checked there.
-    kwargs: dict[str, Any] = dict(
-        WORKLOADS[algo].training(device) if training is None else training
-    )
-    cfg.training(**kwargs)
+    kw: dict[str, Any] = dict(WORKLOADS[algo].training(device) if training is None else training)
+    cfg.training(**kw)
     if seed is not None:
         cfg.debugging(seed=seed)
     if variant == "rllib-scaler":
@@ -229,9 +227,8 @@ def sample_batch(cfg: AlgorithmConfig, env_steps: int, *, on_policy: bool = True
     with stock_env_runner(cfg) as runner:
         # The seeded runner switched torch's deterministic mode on for the whole process.
         torch.use_deterministic_algorithms(deterministic)
-        spaces = {
-            "default_policy": (runner.env.single_observation_space, runner.env.single_action_space)
-        }
+        env = runner.env
+        spaces = {"default_policy": (env.single_observation_space, env.single_action_space)}
         episodes: list[EpisodeType]
         if on_policy:
             episodes = list(runner.sample(num_timesteps=env_steps, random_actions=False))
