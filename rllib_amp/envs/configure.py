@@ -26,11 +26,9 @@ from rllib_amp.envs.batched_runner import BatchedAleEnvRunner
 from rllib_amp.learner.env_runner import AmpSingleAgentEnvRunner
 from rllib_amp.settings import AMP_CONFIG_KEY
 
-ATARI_PREFIX = "ALE/"
-
 
 def is_atari(env_id: str) -> bool:
-    return isinstance(env_id, str) and env_id.startswith(ATARI_PREFIX)
+    return isinstance(env_id, str) and env_id.startswith("ALE/")
 
 
 def check_env_id(env_id: str) -> None:

@@ -91,10 +91,10 @@ def _after_setup(base: type, patch: Callable[[nn.Module], int], name: str) -> ty
     return Patched
 
 
-def with_batchnorm(base: type, *, name: str | None = None) -> type:
-    """``base`` (an RLModule class) with a BatchNorm2d after each Conv2d of its encoders,
-    named ``name`` (``BatchNorm<base>`` by default)."""
-    return _after_setup(base, insert_batchnorm, name or f"BatchNorm{base.__name__}")
+def with_batchnorm(base: type, *, name: str) -> type:
+    """``base`` (an RLModule class), named ``name``, with a BatchNorm2d after each Conv2d of
+    its encoders."""
+    return _after_setup(base, insert_batchnorm, name)
 
 
 def uint8_to_input(x: torch.Tensor) -> torch.Tensor:
@@ -154,28 +154,18 @@ def with_uint8_images(base: type) -> type:
 ATARI_OBS_SPACE = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
 
 
-def count_parameters(
-    config_class: type,
-    preset: str,
-    *,
-    image: bool = True,
-    module_class: type | None = None,
-    num_actions: int = 6,
-) -> int:
-    """Trainable parameters of the RLModule a preset builds (target networks excluded).
+def count_parameters(config_class: type, preset: str, *, image: bool = True) -> int:
+    """Trainable parameters of the RLModule a preset builds for 6 actions (target networks
+    excluded).
 
     Example:
         >>> from ray.rllib.algorithms.ppo import PPOConfig
         >>> count_parameters(PPOConfig, "mini", image=False) > 0
         True
     """
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-
     cfg = config_class()
     obs = ATARI_OBS_SPACE if image else gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    act: gym.Space = gym.spaces.Discrete(num_actions)
+    act: gym.Space = gym.spaces.Discrete(6)
     cfg.rl_module(model_config=model_config(preset, image=image))
-    if module_class is not None:
-        cfg.rl_module(rl_module_spec=RLModuleSpec(module_class=module_class))
     module: Any = cfg.get_rl_module_spec(spaces={"default_policy": (obs, act)}).build()
     return sum(p.numel() for name, p in module.named_parameters() if "target" not in name)

@@ -1,12 +1,10 @@
 """RLlib's EpisodeReplayBuffer, with ongoing episodes that grow by their new steps only.
 
-An EnvRunner returns an unfinished episode in chunks, numpy'ized. RLlib's buffer appends each
-later chunk with ``concat_episode``, which on numpy buffers copies the whole episode so far
-twice: quadratic in the episode's length (docs/dqn.md has what it cost on Pong). This buffer
-turns a new unfinished chunk's buffers back into lists (the form ``concat_episode`` appends
-to in place), so each later chunk costs its own steps. Sampling reads the same steps either
-way (``episode.slice`` and ``get_*`` serve lists and arrays alike); finished episodes that
-arrive whole stay numpy.
+An EnvRunner returns an unfinished episode in numpy chunks; RLlib's buffer appends each later
+chunk with ``concat_episode``, which on numpy buffers copies the whole episode so far twice
+(quadratic in its length; docs/dqn.md has the cost on Pong). This buffer turns a new
+unfinished chunk's buffers back into lists, which ``concat_episode`` appends to in place.
+Sampling reads the same steps either way; finished episodes that arrive whole stay numpy.
 
 Example:
     >>> from ray.rllib.env.single_agent_episode import SingleAgentEpisode
@@ -40,8 +38,8 @@ class GrowingEpisodeReplayBuffer(EpisodeReplayBuffer):
 
 
 def _growable(episode: SingleAgentEpisode) -> SingleAgentEpisode:
-    """``episode``, or for an unfinished numpy one a copy with list buffers (the input is
-    the EnvRunner's, which keeps it for its metrics: never changed in place)."""
+    # An unfinished numpy episode becomes a copy with list buffers: the EnvRunner keeps the
+    # input for its metrics, so it is never changed in place.
     if episode.is_done or not episode.is_numpy:
         return episode
     episode = copy.deepcopy(episode)

@@ -1,8 +1,6 @@
-"""Precision resolution and autocast helpers. Pure torch: nothing here imports Ray.
-
-``resolve(settings, device)`` turns AmpSettings plus the hardware into a ``Precision``:
-float32 (autocast off), bfloat16 autocast (no loss scaling needed) or float16 autocast with a
-GradScaler.
+"""Precision resolution and autocast helpers (pure torch, no Ray): ``resolve`` turns
+AmpSettings plus the hardware into a ``Precision``: float32 (autocast off), bfloat16 autocast
+(no loss scaling) or float16 autocast with a GradScaler.
 
 Example:
     >>> import torch
@@ -72,7 +70,7 @@ class Precision:
 # Lake) and AMX (Intel Sapphire Rapids on; amx_bf16 needs amx_tile). Each is listed only
 # where the CPU has it, so a report can say exactly which.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
-# torch's own probes (private API, pinned in tests/unit/test_precision.py).
+# torch's own probes (private API, pinned in tests/unit/learner/test_precision.py).
 TORCH_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 _probe_fallback_warned = False
 
@@ -102,10 +100,8 @@ def read_cpuinfo() -> str:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True when this CPU runs bfloat16 matmuls natively (AVX512-BF16 or AMX).
-
-    Asks torch's probes; where they are gone (they are private), reads /proc/cpuinfo
-    instead and logs one WARNING per process (no flags there means float32).
+    """True when this CPU runs bfloat16 matmuls natively (AVX512-BF16 or AMX): torch's probes,
+    or where they are gone (private), /proc/cpuinfo with one WARNING per process.
 
     Example:
         >>> isinstance(cpu_has_native_bf16(), bool)
@@ -255,12 +251,10 @@ FLOAT32_ISLAND_ATTR = "_rllib_amp_float32_island"
 
 
 def add_float32_islands(module: nn.Module) -> int:
-    """Makes every normalisation layer under ``module`` run in float32 inside autocast.
-
-    Autocast only lowers the precision of matmul-like ops (conv, linear); a norm layer fed a
-    float32 input therefore computes its statistics in float32. A forward pre-hook casts the
-    input; the parameters and their state_dict keys stay as they are, so checkpoints are
-    unchanged. Idempotent. Returns how many layers were hooked.
+    """Makes every normalisation layer under ``module`` run in float32 inside autocast; returns
+    how many it hooked (idempotent). Autocast lowers only matmul-like ops, so a norm layer fed
+    float32 (a forward pre-hook casts its input) computes its statistics in float32; the
+    parameters and state_dict keys, hence checkpoints, stay as they are.
 
     Example:
         >>> m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
