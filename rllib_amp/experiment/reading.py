@@ -38,7 +38,6 @@ MAX_DEPTH = 64
 # room for signs and underscores; longer ones are refused before Python converts them.
 MAX_INT_CHARS = 400
 _FLOAT64_INT_LIMIT = 2**1024
-_MERGE_TAG = "tag:yaml.org,2002:merge"
 # UTF-32's first: UTF-32-LE's BOM starts with UTF-16-LE's.
 _BOMS = {getattr(codecs, f"BOM_UTF{n}_{e}"): f"UTF-{n}" for n in (32, 16) for e in ("LE", "BE")}
 
@@ -99,13 +98,10 @@ class _Loader(yaml.SafeLoader):
 
     def _count(self, node: Node) -> None:
         """Records the node's size with aliases expanded; refuses a document grown too large."""
-        size = 1
-        if isinstance(node, SequenceNode):
-            size += sum(self._sizes.get(id(child), 1) for child in node.value)
-        elif isinstance(node, MappingNode):
-            size += sum(
-                self._sizes.get(id(k), 1) + self._sizes.get(id(v), 1) for k, v in node.value
-            )
+        children = node.value if isinstance(node, SequenceNode) else []
+        if isinstance(node, MappingNode):
+            children = [child for pair in node.value for child in pair]
+        size = 1 + sum(self._sizes.get(id(child), 1) for child in children)
         if size > MAX_EXPANDED_NODES:
             raise YamlRefused(
                 f"aliases expand this document beyond {MAX_EXPANDED_NODES:,} values",
@@ -118,7 +114,7 @@ class _Loader(yaml.SafeLoader):
         if isinstance(node, MappingNode):
             seen: dict[Any, Node] = {}
             for key_node, _ in node.value:
-                if key_node.tag == _MERGE_TAG:
+                if key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # merged keys may be overridden: that is what a merge is for
                 key = self.construct_object(key_node, deep=True)
                 try:
