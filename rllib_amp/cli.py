@@ -44,10 +44,9 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(signum)
 
 
-# Set only by a command's entry point (``python -m rllib_amp.tune``): this process is the
-# command, so rllib_amp may end it on its own (``os._exit``) where a call it cannot interrupt
-# would leave it hanging. Unset, rllib_amp runs as a library in someone else's process
-# (a notebook, a service, a worker thread) and never ends that process.
+# Set only by a command's entry point: this process is the command, so rllib_amp may end it
+# (``os._exit``) where a call it cannot interrupt would hang. Unset, rllib_amp is a library in
+# someone else's process (a notebook, a service) and never ends it.
 _command_process = False
 
 
@@ -100,8 +99,7 @@ def end_process_now(status: int) -> NoReturn:
     os._exit(status)
 
 
-# Signals that end a command as Ctrl-C does: SIGTERM (``ray job stop``, schedulers) and SIGHUP
-# (the terminal closed).
+# Signals that end a command as Ctrl-C does: SIGTERM (``ray job stop``), SIGHUP (terminal gone).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 

@@ -164,19 +164,14 @@ class AmpSettings:
             optimizer steps (inf/nan gradients) ...
         skip_warning_updates: ... in this many consecutive learner updates. One WARNING per
             episode of trouble, with the module, the scale and what to change.
-        inference_dtype: What the EnvRunners' forward passes (action computation) run in:
-            "auto" (the hardware's fast 16-bit type, as for training), "float32", "float16"
-            or "bfloat16". Inference needs no loss scaling. Ignored when enabled=False.
-        tune_cpu_malloc: On a CPU learner with AMP on, let glibc keep freed blocks up to
-            1 GiB for reuse instead of re-faulting them every update (process-wide; see
-            ``rllib_amp.learner.malloc``). False keeps glibc's defaults.
-        warm_start: Seed the scalers' scale and growth tracker from another run's
-            checkpoint instead of ``init_scale`` (see ``WarmStart``); None: fresh scalers.
-            Given as ``{"from": CHECKPOINT, "modules": {new_id: old_id}}``.
-        shared_scaler: One loss scale for all modules of the learner (one growth tracker,
-            one update per step, backing off when any module overflows) instead of one per
-            module. Each module still skips only its own inf/nan steps and keeps its own
-            counters. Modules added later share it too.
+        inference_dtype: What the EnvRunners' forward passes run in: "auto" (the hardware's
+            fast 16-bit type), "float32", "float16" or "bfloat16". Ignored when enabled=False.
+        tune_cpu_malloc: On a CPU learner with AMP on, let glibc keep freed blocks up to 1 GiB
+            for reuse (process-wide; ``rllib_amp.learner.malloc``). False: glibc's defaults.
+        warm_start: Seed the scalers' scale and growth tracker from another run's checkpoint
+            (``{"from": CHECKPOINT, "modules": {new_id: old_id}}``, see ``WarmStart``).
+        shared_scaler: One loss scale for all modules of the learner (also those added
+            later), backing off when any overflows; each still skips only its own steps.
 
     Example:
         >>> AmpSettings(dtype="bfloat16").enabled

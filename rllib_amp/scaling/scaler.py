@@ -123,13 +123,13 @@ class PolicyScaler:
         self.settings = settings
         self.scaling = scaling
         self._device_type = torch.device(device).type
+        if share_scale_with is not None and share_scale_with.scaling != scaling:
+            raise ValueError(
+                "PolicyScaler: share_scale_with must have the same scaling "
+                f"({share_scale_with.scaling}), got scaling={scaling}"
+            )
         self._scale: _Scale
         if share_scale_with is not None:
-            if share_scale_with.scaling != scaling:
-                raise ValueError(
-                    "PolicyScaler: share_scale_with must have the same scaling "
-                    f"({share_scale_with.scaling}), got scaling={scaling}"
-                )
             self._scale = share_scale_with._scale
         else:
             self._scale = _Scale(
@@ -245,9 +245,7 @@ class PolicyScaler:
 
     @property
     def growth_tracker(self) -> int:
-        if not self.scaling:
-            return 0
-        return int(self._scaler.state_dict().get("_growth_tracker", 0))
+        return int(self._scaler.state_dict().get("_growth_tracker", 0)) if self.scaling else 0
 
     def check_persistent_skips(self, steps: int, skipped: int) -> bool:
         """Counts updates that skipped too much; True once, when a warning is due."""
