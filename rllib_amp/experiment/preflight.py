@@ -57,23 +57,20 @@ _SECTIONS = ("training", "amp", "env_config", "model", "resources")
 def preflight(exp: Experiment) -> str:
     """Runs every check; returns a one-line summary, raises ExperimentError on the first
     failure (the module's example)."""
-    points = sweep_points(exp.search)
-    base = _trial(exp, points[0])
-    config = _build(exp, base, points[0])
-    check_result_keys(exp, config)
-    configs = [(points[0], base, config)]
-    for point in points[1:]:
+    configs = []
+    for point in sweep_points(exp.search):
         trial = _trial(exp, point)
         configs.append((point, trial, _build(exp, trial, point)))
-    built: list[str] = []
+        if len(configs) == 1:
+            check_result_keys(exp, configs[0][2])  # before building the other points
+    variants: dict[str, tuple[dict[str, object], Experiment, AlgorithmConfig]] = {}
     for point, trial, config in configs:
-        key = repr((trial.data["env_config"], trial.data["model"]))
-        if key in built:
-            continue
-        built.append(key)
+        variants.setdefault(
+            repr((trial.data["env_config"], trial.data["model"])), (point, trial, config)
+        )
+    built = list(variants.values())[:MAX_RUNTIME_BUILDS]
+    for point, trial, config in built:
         _build_runtime(exp, trial, config, point)
-        if len(built) >= MAX_RUNTIME_BUILDS:
-            break
     return (
         f"{len(configs)} config{'s' if len(configs) != 1 else ''} built and validated by RLlib; "
         f"{exp.env} and its RLModule built "
