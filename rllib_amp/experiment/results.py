@@ -137,12 +137,8 @@ class ResultCatalog:
 
     def accepts(self, key: str, config_keys: Collection[str] = ()) -> bool:
         """True when a result of this algorithm can carry ``key``; ``config_keys`` (the trial
-        config's ``to_dict()`` keys) for ``config/<key>/...``, which Tune adds to every result.
-
-        Example:
-            >>> catalog("DQN").accepts("learners/default_policy/qf_loss")
-            True
-        """
+        config's ``to_dict()`` keys) for ``config/<key>/...``, which Tune adds to every result
+        (the module's example)."""
         scope, *rest = key.split("/")
         if not rest:
             return key in self.top
@@ -177,12 +173,8 @@ class ResultCatalog:
         return len(rest) == 1
 
     def nearest(self, key: str) -> str | None:
-        """The suggested key most like ``key`` (whole key, or its last part), or None.
-
-        Example:
-            >>> catalog("PPO").nearest("training_iterations")
-            'training_iteration'
-        """
+        """The suggested key most like ``key`` (whole key, or its last part), or None (the
+        module's example)."""
         last = key.rsplit("/", 1)[-1]
         renamed = RENAMED.get(key) or RENAMED.get(last)
         if renamed in self.suggestions:

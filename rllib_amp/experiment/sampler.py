@@ -50,12 +50,8 @@ class Sampler:
 
     @classmethod
     def parse(cls, spec: object) -> Sampler:
-        """The Sampler for ``spec``; ValueError says what is wrong and what is allowed.
-
-        Example:
-            >>> Sampler.parse({"loguniform": [1e-5, 1e-3]}).kind
-            'loguniform'
-        """
+        """The Sampler for ``spec`` (the module's example); ValueError says what is wrong and
+        what is allowed."""
         if not isinstance(spec, Mapping) or len(spec) != 1:
             raise ValueError(
                 f"expected one sampler ({', '.join(SAMPLERS)}), "
