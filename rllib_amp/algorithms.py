@@ -8,11 +8,8 @@ follows from the name ``X`` (package ``x`` under ``ray.rllib.algorithms``): RLli
 native Atari path) and ``BatchNormDefaultXTorchRLModule``. Another algorithm needs its row
 (and a field, where RLlib names its classes otherwise, as MARWIL).
 
-What a row cannot check: ``AmpLearnerMixin`` scales the losses RLlib hands to
-``TorchLearner.compute_gradients`` and unscales what that back-propagates, so the learner
-must back-propagate ``loss_per_module``. PPO, DQN, MARWIL/BC and IMPALA/APPO do. SAC, CQL,
-TQC, IQL and DreamerV3 back-propagate losses stored during ``compute_losses``
-(``self._temp_losses``): they need their own ``compute_gradients`` in the mixin first.
+What a row cannot check: the learner must back-propagate ``loss_per_module``, as PPO, DQN,
+MARWIL/BC and IMPALA/APPO do, not SAC, CQL, TQC, IQL or DreamerV3 (docs/update-step.md).
 
 Names load without RLlib: a row's classes, and the module-level AMP classes, are made on
 first use, so a misspelt algorithm is refused before torch and RLlib are imported.

@@ -34,8 +34,6 @@ from rllib_amp.settings import (
 
 __all__ = ["settings_from_config", "with_amp"]
 
-_AMP_ENV_RUNNERS = (AmpSingleAgentEnvRunner, AmpMultiAgentEnvRunner)
-
 
 def with_amp(
     config: AlgorithmConfig, settings: AmpSettings | None = None, **fields: Any
@@ -117,7 +115,7 @@ def with_amp(
     if algo_class is not None:
         config.algo_class = amp_algorithm_class(algo_class)
     # Autocast inference on the EnvRunners, unless the user brought their own EnvRunner.
-    if config.env_runner_cls in (None, *_AMP_ENV_RUNNERS):
+    if config.env_runner_cls in (None, AmpSingleAgentEnvRunner, AmpMultiAgentEnvRunner):
         config.env_runners(
             env_runner_cls=AmpMultiAgentEnvRunner
             if config.is_multi_agent

@@ -124,19 +124,19 @@ def _load_manifest(fs: pyarrow.fs.FileSystem, manifest_path: str) -> dict[str, M
 def check_checksum(
     fs: pyarrow.fs.FileSystem, full: str, data: bytes, entry: ManifestEntry, manifest_path: str
 ) -> None:
+    shown = display_path(fs, manifest_path)
     if len(data) != entry["bytes"]:
         fail(
             fs,
             full,
-            f"has {len(data)} bytes where the manifest {display_path(fs, manifest_path)} "
-            f"records {entry['bytes']} (truncated or overwritten after the save)",
+            f"has {len(data)} bytes where the manifest {shown} records {entry['bytes']} "
+            f"(truncated or overwritten after the save)",
         )
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         fail(
             fs,
             full,
-            f"does not match its sha256 in the manifest {display_path(fs, manifest_path)} "
-            f"(its bytes changed after the save)",
+            f"does not match its sha256 in the manifest {shown} (its bytes changed after the save)",
         )
 
 

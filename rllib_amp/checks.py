@@ -15,9 +15,6 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import TypeGuard
 
-# How alike a typo and a real name must be for "did you mean" (difflib's ratio).
-SUGGEST_CUTOFF = 0.6
-
 
 def is_number(value: object) -> TypeGuard[int | float]:
     """True for an int or float that is not a bool (YAML's ``true`` is no number)."""
@@ -26,9 +23,8 @@ def is_number(value: object) -> TypeGuard[int | float]:
 
 def suggest(key: str, allowed: Iterable[str]) -> str:
     """Returns `` (did you mean 'x'?)`` for the nearest allowed name, or ``""``."""
-    close = difflib.get_close_matches(
-        str(key), [str(a) for a in allowed], n=1, cutoff=SUGGEST_CUTOFF
-    )
+    # cutoff: how alike (difflib's ratio) a typo and a real name must be.
+    close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

@@ -31,8 +31,6 @@ DTypeT = Literal["auto", "float16", "bfloat16"]
 DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16")
 INFERENCE_DTYPES: tuple[str, ...] = ("auto", "float32", "float16", "bfloat16")
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
-_FLOAT_FIELDS = ("init_scale", "growth_factor", "backoff_factor", "skip_warning_fraction")
-_INT_FIELDS = ("growth_interval", "skip_warning_updates")
 # GradScaler keeps the scale in a float32 tensor and the growth tracker in an int32 one.
 FLOAT32_MAX = 3.4028234663852886e38
 # The smallest positive normal float32 (numpy.finfo(numpy.float32).tiny).
@@ -275,14 +273,14 @@ def _normalise(s: AmpSettings) -> None:
         value = getattr(s, key)
         if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
             put(key, bool(value))
-    for key in _FLOAT_FIELDS:
+    for key in ("init_scale", "growth_factor", "backoff_factor", "skip_warning_fraction"):
         value = getattr(s, key)
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             try:
                 put(key, float(value))
             except OverflowError:  # an int beyond float64 (2**1024): the range check says so
                 put(key, int(value))  # type: ignore[call-overload]
-    for key in _INT_FIELDS:
+    for key in ("growth_interval", "skip_warning_updates"):
         value = getattr(s, key)
         real = isinstance(value, numbers.Real) and not isinstance(value, bool)
         if real and (isinstance(value, numbers.Integral) or float(value).is_integer()):
