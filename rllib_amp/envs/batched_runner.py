@@ -118,8 +118,9 @@ def buffer_items(buffer: InfiniteLookbackBuffer | None) -> Any:
     return data if len(data) else None
 
 
-def join_arrays(old: Any, new: np.ndarray) -> np.ndarray:
-    """``new`` after ``old`` (None: nothing yet) along the first axis."""
+def join_arrays(buffer: InfiniteLookbackBuffer | None, new: np.ndarray) -> np.ndarray:
+    """``new`` after all of ``buffer``'s data along the first axis."""
+    old = buffer_items(buffer)
     return new if old is None else np.concatenate([np.asarray(old), new])
 
 
@@ -363,7 +364,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         for key, new in new_extras.items():
             old = base.extra_model_outputs.get(key)
             extras[key] = InfiniteLookbackBuffer(
-                join_arrays(buffer_items(old), new), lookback=0 if old is None else old.lookback
+                join_arrays(old, new), lookback=0 if old is None else old.lookback
             )
         episode = SingleAgentEpisode(
             id_=base.id_,
@@ -374,12 +375,11 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
                 lookback=base.infos.lookback,
             ),
             actions=InfiniteLookbackBuffer(
-                join_arrays(buffer_items(base.actions), arrays.actions[rows, env]),
-                lookback=lookback,
+                join_arrays(base.actions, arrays.actions[rows, env]), lookback=lookback
             ),
             action_space=base.action_space,
             rewards=InfiniteLookbackBuffer(
-                join_arrays(buffer_items(base.rewards), arrays.rewards[rows, env]),
+                join_arrays(base.rewards, arrays.rewards[rows, env]),
                 lookback=lookback,
                 space=_REWARDS_SPACE,
             ),

@@ -46,10 +46,8 @@ def why_not() -> str | None:
     if chosen:
         return f"{chosen[0]} is set in the environment"
     preload = os.environ.get("LD_PRELOAD", "")
-    for name in _OTHER_ALLOCATORS:
-        if name in preload:
-            return f"{name} is preloaded"
-    return None
+    other = next((name for name in _OTHER_ALLOCATORS if name in preload), None)
+    return None if other is None else f"{other} is preloaded"
 
 
 def tune_cpu_malloc() -> bool:

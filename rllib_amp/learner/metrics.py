@@ -68,13 +68,10 @@ def publish(values: dict[str, float], *, trial: str, module: str) -> None:
         return
     from ray.util.metrics import Gauge
 
-    for key, value in values.items():
-        if key not in RAY_METRICS:
-            continue
+    for key in RAY_METRICS.keys() & values.keys():
         if key not in _gauges:
-            name, description = RAY_METRICS[key]
-            _gauges[key] = Gauge(name, description, tag_keys=TAG_KEYS)
-        _gauges[key].set(float(value), tags={"trial": trial, "module": str(module)})
+            _gauges[key] = Gauge(*RAY_METRICS[key], tag_keys=TAG_KEYS)
+        _gauges[key].set(float(values[key]), tags={"trial": trial, "module": str(module)})
 
 
 # Tune names a trial's folder "<trial name>_<experiment tag>_<date>", the trial name being

@@ -226,12 +226,10 @@ def resolve_inference(
         return Precision(torch.float32, kind, False, f"inference_dtype={choice}, AMP setting")
     if choice == "auto":
         if kind == "cpu" and batch < CPU_BF16_MIN_INFERENCE_BATCH:
+            why = f"{batch} observation(s) are faster in float32"
+            pays = f"bfloat16 pays from {CPU_BF16_MIN_INFERENCE_BATCH}"
             return Precision(
-                torch.float32,
-                kind,
-                False,
-                f"inference auto: CPU forward passes of {batch} observation(s) are faster in "
-                f"float32 (bfloat16 pays from {CPU_BF16_MIN_INFERENCE_BATCH})",
+                torch.float32, kind, False, f"inference auto: CPU forward passes of {why} ({pays})"
             )
         # The same hardware rule as training, but never forced onto slow hardware.
         p = resolve(
