@@ -180,11 +180,7 @@ def bench_replay_bytes(transitions: int) -> dict[str, dict[str, float]]:
 
 # -- learner memory ---------------------------------------------------------------------------
 def bench_memory_paths(
-    algo: str,
-    model: str,
-    labels: Sequence[str],
-    device: str,
-    data_paths: Mapping[str, str],
+    algo: str, model: str, labels: Sequence[str], device: str, data_paths: Mapping[str, str]
 ) -> dict[str, float]:
     """Peak bytes of one ``algo`` update per label, each in a fresh child process.
 

@@ -119,12 +119,9 @@ def bench_end_to_end(
     variants: Sequence[str], device: str, iterations: int, model: str = "full"
 ) -> dict[str, list[float]]:
     """Env steps/s of whole PPO training iterations on Pong, interleaved across variants."""
-    configs = {
-        v: algo_config("PPO", model, v, device).env_runners(
-            num_envs_per_env_runner=E2E_ENVS_PER_RUNNER
-        )
-        for v in variants
-    }
+    configs = {v: algo_config("PPO", model, v, device) for v in variants}
+    for cfg in configs.values():
+        cfg.env_runners(num_envs_per_env_runner=E2E_ENVS_PER_RUNNER)
     return train_interleaved(configs, iterations)
 
 
