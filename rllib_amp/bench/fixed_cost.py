@@ -71,7 +71,7 @@ class FixedCostRecord(TypedDict):
 
 
 def fixed_cost_config(
-    variant: str, epochs: int, work: FixedCostWorkload = FIXED_COST, device: str = "cpu"
+    variant: str, epochs: int, work: FixedCostWorkload = FIXED_COST
 ) -> AlgorithmConfig:
     """The RLlib config of one variant (``workloads.VARIANTS_CPU`` / ``_GPU``) of the row.
 
@@ -81,7 +81,7 @@ def fixed_cost_config(
     """
     training = {"lr": LR, "train_batch_size_per_learner": work.batch}
     training.update(minibatch_size=work.minibatch, num_epochs=epochs)
-    cfg = algo_config("PPO", "mini", variant, device, env=work.env, training=training)
+    cfg = algo_config("PPO", "mini", variant, "cpu", env=work.env, training=training)
     return cfg.rl_module(model_config={**cfg.model_config, "fcnet_hiddens": list(work.hiddens)})
 
 
