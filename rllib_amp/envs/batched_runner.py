@@ -198,7 +198,6 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         kwargs.pop("num_episodes", None)  # None: RLlib's sample() passes one or the other
         return self._sample_batched(num_timesteps, **kwargs)
 
-    # -- the batched loop ---------------------------------------------------------------------
     def _sample_batched(
         self, num_timesteps: int, *, explore: bool, random_actions: bool, force_reset: bool
     ) -> list[SingleAgentEpisode]:
@@ -287,7 +286,6 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             "config.restart_failed_sub_environments is False"
         ) from error
 
-    # -- episodes from the arrays -------------------------------------------------------------
     def _finish(self, steps: list[Step], *, num_timesteps: int) -> list[SingleAgentEpisode]:
         """RLlib's episodes from the step arrays: done ones, then ongoing chunks (RLlib's order)."""
         done: list[tuple[int, int, SingleAgentEpisode]] = []

@@ -101,7 +101,6 @@ class AmpLearnerMixin(_MixinBase):
         """ModuleID -> its AMP metrics as they stand (``values_without_an_update``)."""
         return values_without_an_update(self.amp_scalers)
 
-    # -- setup -----------------------------------------------------------------------------
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
@@ -168,7 +167,6 @@ class AmpLearnerMixin(_MixinBase):
             self._amp_scaler_set.remove(module_id)
         return spec
 
-    # -- the update step -------------------------------------------------------------------
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs: object) -> tuple[dict, dict, dict]:
         if not self.amp_enabled:
@@ -208,10 +206,9 @@ class AmpLearnerMixin(_MixinBase):
                 )
                 gradients = {pid: p.grad for pid, p in self._params.items()}
             scalers.gradients_computed()
-            # Right after the backward, as torch's recipe has it: whatever a caller does
-            # with the gradients next (log norms, clip) sees true-scale values, and the
-            # inf/nan check has run before any clipping could hide an overflow. The
-            # returned tensors are the .grad ones, unscaled in place.
+            # Right after the backward, as torch's recipe has it: a caller (log norms, clip)
+            # sees true-scale gradients (the .grad tensors, unscaled in place), and the inf/nan
+            # check has run before any clipping could hide an overflow.
             scalers.unscale(self._amp_optimizers())
         return gradients
 
@@ -279,14 +276,12 @@ class AmpLearnerMixin(_MixinBase):
         iterator = super()._create_iterator_if_necessary(**kwargs)
         return gather_minibatches(iterator) if self.amp_enabled else iterator
 
-    # -- metrics ---------------------------------------------------------------------------
     @override(Learner)
     def update(self, *args: object, **kwargs: object) -> ResultDict:
         result = super().update(*args, **kwargs)
         if self.amp_enabled and isinstance(self, IMPALALearner):
             # RLlib's learner thread queues K results per call (APPO trains each batch K
-            # times) and this call took one: without the rest, every reported value lags
-            # further each call and the lifetime counters read about 1/K of the truth.
+            # times) and this call took one: without the rest, reported values lag ever more.
             result = collect_pending(
                 self._learner_thread_out_queue,
                 result,
@@ -305,7 +300,6 @@ class AmpLearnerMixin(_MixinBase):
             trial=self._amp_trial,
         )
 
-    # -- checkpoints -----------------------------------------------------------------------
     @override(TorchLearner)
     def get_state(
         self,
@@ -328,9 +322,8 @@ class AmpLearnerMixin(_MixinBase):
         filesystem: pyarrow.fs.FileSystem | None = None,
         **kwargs: object,
     ) -> None:
-        # Before RLlib loads anything. An Algorithm restore has checked the whole checkpoint
-        # already (checkpoints.algorithm); this covers Learner / LearnerGroup restores and
-        # learners on other nodes, which get a copy of their own folder only.
+        # Before RLlib loads anything: Learner / LearnerGroup restores, and learners on other
+        # nodes (a copy of their own folder only); an Algorithm restore checked it all already.
         required = (
             rllib_restore_files(self, path, filesystem=filesystem) if component is None else []
         )

@@ -109,7 +109,27 @@ def report_update(
         for key, value in values.items():
             metrics.log_value((module_id, key), value, **reduce_by_key.get(key, _COUNTER))
         if warn:
-            _warn_persistent_skips(module_id, scaler, skipped / steps)
+            fraction = skipped / steps
+            cause = skip_cause(
+                nonfinite_loss_steps=scaler.nonfinite_loss_steps_lifetime, scaling=scaler.scaling
+            )
+            logger.warning(
+                "rllib_amp: module %r skipped %.0f%% of its optimizer steps (inf/nan gradients) "
+                "in %d consecutive updates; grad scale now %g. Advice: %s.",
+                module_id,
+                100 * fraction,
+                scaler.troubled_updates,
+                scaler.get_scale(),
+                skip_advice(cause, scaler.settings),
+                extra=event(
+                    "persistent_skips",
+                    module_id=module_id,
+                    skip_fraction=fraction,
+                    updates=scaler.troubled_updates,
+                    grad_scale=scaler.get_scale(),
+                    cause=cause,
+                ),
+            )
         amp_metrics.publish(values, trial=trial, module=module_id)
 
 
@@ -180,27 +200,3 @@ def skip_advice(cause: str, settings: AmpSettings | None = None) -> str:
         falling = "if the scale keeps falling, lower the learning rate or use dtype bfloat16"
         return f"lower {now}; {falling}"
     return "bfloat16 needs no scaling: lower the learning rate or set grad_clip"
-
-
-def _warn_persistent_skips(module_id: str, scaler: PolicyScaler, fraction: float) -> None:
-    cause = skip_cause(
-        nonfinite_loss_steps=scaler.nonfinite_loss_steps_lifetime, scaling=scaler.scaling
-    )
-    advice = skip_advice(cause, scaler.settings)
-    logger.warning(
-        "rllib_amp: module %r skipped %.0f%% of its optimizer steps (inf/nan gradients) in "
-        "%d consecutive updates; grad scale now %g. Advice: %s.",
-        module_id,
-        100 * fraction,
-        scaler.troubled_updates,
-        scaler.get_scale(),
-        advice,
-        extra=event(
-            "persistent_skips",
-            module_id=module_id,
-            skip_fraction=fraction,
-            updates=scaler.troubled_updates,
-            grad_scale=scaler.get_scale(),
-            cause=cause,
-        ),
-    )
