@@ -212,8 +212,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         f"rllib-amp benchmark, {date}, {report.machine_description(device)}; medians of {reps} "
         f"interleaved repetitions; {time.time() - started:.0f} s"
     )
-    print(report.markdown(rows, header))
-    print()
+    print(report.markdown(rows, header), end="\n\n")
     print(report.markdown_targets(report.targets(results)))
     report.write_outputs(rows, results, args.json, args.out)
     return 0

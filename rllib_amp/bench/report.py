@@ -35,8 +35,7 @@ PerVariant = dict[str, list[float]]
 
 
 class Results(TypedDict, total=False):
-    """What a run measured, per figure (the ``raw`` of the JSON file); workload keys such as
-    "PPO full", variants as in ``workloads``."""
+    """What a run measured, per figure (the JSON file's ``raw``); keys as in ``workloads``."""
 
     throughput: dict[str, PerVariant]  # samples/s
     memory: dict[str, dict[str, float]]  # bytes
