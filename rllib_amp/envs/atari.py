@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -43,8 +42,7 @@ _COUNT = "an integer >= 0"
 _POSITIVE = "an integer >= 1"
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One env_config key of the native path: its default and what values it takes."""
 
     default: Any
@@ -208,7 +206,6 @@ def native_kwargs(env_config: Mapping[str, Any], num_envs: int) -> dict[str, Any
     """
     check_native_options(env_config)
     o = {key: env_config.get(key, opt.default) for key, opt in NATIVE_OPTIONS.items()}
-    frameskip = int(o["frameskip"])
     return {
         **o,
         "num_threads": o["num_threads"] or default_num_threads(num_envs),
@@ -218,7 +215,7 @@ def native_kwargs(env_config: Mapping[str, Any], num_envs: int) -> dict[str, Any
         "grayscale": True,
         "maxpool": True,
         # ALE counts no-ops in frames; the DeepMind wrappers (and this key) in agent steps.
-        "noop_max": int(o["noop_max"]) * frameskip,
+        "noop_max": int(o["noop_max"]) * int(o["frameskip"]),
         # ALE's own episodic_life resets the whole game at every life loss, so a policy would
         # never see a later life. life_loss_info is DeepMind's: terminate, the game goes on.
         "episodic_life": False,

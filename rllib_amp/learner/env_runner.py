@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
@@ -104,16 +105,15 @@ class AmpEnvRunnerMixin:
 
     def make_module(self) -> None:
         super().make_module()  # type: ignore[misc]
-        if self.module is None:  # type: ignore[attr-defined]
+        runner: Any = self  # a mixin: the EnvRunner's attributes are not declared here
+        if runner.module is None:
             return
-        settings = settings_from_config(self.config)  # type: ignore[attr-defined]
+        settings = settings_from_config(runner.config)
         device = getattr(self, "_device", None) or "cpu"
-        batch = int(getattr(self.config, "num_envs_per_env_runner", 1) or 1)  # type: ignore[attr-defined]
+        batch = int(getattr(runner.config, "num_envs_per_env_runner", 1) or 1)
         precision = resolve_inference(settings, device, batch=batch)
         self.amp_inference_precision = precision
-        modules = (
-            self.module.values() if hasattr(self.module, "values") else [self.module]  # type: ignore[attr-defined]
-        )
+        modules = runner.module.values() if hasattr(runner.module, "values") else [runner.module]
         for module in modules:
             autocast_forwards(module, precision)
         logger.debug("rllib_amp: env runner inference in %s", precision.describe())
