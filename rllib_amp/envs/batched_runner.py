@@ -255,9 +255,8 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
         """One forward pass on all envs, then RLlib's GetActions and TensorToNumpy."""
         episodes: list[Any] = self._ongoing_episodes
         with self.metrics.log_time((ENV_TO_MODULE_CONNECTOR, CONNECTOR_PIPELINE_TIMER)):
-            # The module takes channels-last images (the env's observation space), laid out in
-            # memory as RLlib's connectors lay them out: the convolutions then pick the same
-            # kernels, and the outputs are RLlib's to the last bit.
+            # Channels-last images (the env's space) in the memory layout of RLlib's connectors:
+            # the convolutions pick the same kernels, and the outputs are RLlib's to the bit.
             images = torch.from_numpy(obs).permute(0, 2, 3, 1).contiguous()
             batch = {Columns.OBS: images.to(self._device)}
         with self.metrics.log_time(RLMODULE_INFERENCE_TIMER):

@@ -67,8 +67,7 @@ class Precision:
 
 
 # /proc/cpuinfo flags of native bfloat16 matmuls: AVX512-BF16 (e.g. AMD Zen 4, Intel Cooper
-# Lake) and AMX (Intel Sapphire Rapids on; amx_bf16 needs amx_tile). Each is listed only
-# where the CPU has it, so a report can say exactly which.
+# Lake) and AMX (Intel Sapphire Rapids on; amx_bf16 needs amx_tile).
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
 # torch's own probes (private API, pinned in tests/unit/learner/test_precision.py).
 TORCH_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
