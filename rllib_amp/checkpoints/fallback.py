@@ -82,8 +82,9 @@ class CheckpointChoice:
     intact: str | None
     damaged: tuple[DamagedCheckpoint, ...] = ()
 
-    def describe(self) -> str:
-        """One line naming the damaged checkpoints and the one used instead.
+    def describe(self, *, restarted: bool = False) -> str:
+        """One line naming the damaged checkpoints and the one used instead (``restarted``:
+        none is intact, and the trial runs again from scratch).
 
         Example:
             >>> CheckpointChoice("t", "t/checkpoint_000001", ()).describe()
@@ -95,10 +96,10 @@ class CheckpointChoice:
             d.reason + (f" (kept as {d.moved_to})" if d.moved_to else "") for d in self.damaged
         )
         if self.intact is None:
-            return (
-                f"{self.trial_dir}: no intact checkpoint, the trial cannot resume from one: "
-                f"{skipped}"
-            )
+            then = "cannot resume from one"
+            if restarted:
+                then = "runs again from scratch (--restart-damaged)"
+            return f"{self.trial_dir}: no intact checkpoint, the trial {then}: {skipped}"
         return (
             f"{self.trial_dir}: resuming from {self.intact} instead of the damaged "
             f"{', '.join(d.path for d in self.damaged)}: {skipped}"
@@ -298,13 +299,7 @@ def resume_from_intact_checkpoints(
         if c.damaged:
             logger.warning(
                 "rllib_amp: %s",
-                (
-                    f"{c.trial_dir}: no intact checkpoint, the trial runs again from scratch "
-                    f"(--restart-damaged): "
-                    + "; ".join(f"{d.reason} (kept as {d.moved_to})" for d in c.damaged)
-                )
-                if c.trial_dir in restarted
-                else c.describe(),
+                c.describe(restarted=c.trial_dir in restarted),
                 extra=event(
                     "checkpoint_fallback",
                     trial_dir=c.trial_dir,
