@@ -1,19 +1,17 @@
 """The batched sampler: an EnvRunner that keeps ALE's observations as one array per step.
 
-RLlib's ``SingleAgentEnvRunner`` splits every vector step into per-env items (episodes,
-connectors, info dicts) and stacks them again for the next forward pass; on ALE's native
-vector env (``envs.atari.AleVectorEnv``) that costs more than the env and the network
-together. ``BatchedAleEnvRunner`` runs the module once per step on the whole uint8 array,
-samples the actions with RLlib's ``GetActions``, and builds RLlib's ``SingleAgentEpisode``s
-only at the end of ``sample()``: RLlib's episodes for the same actions, across calls
-(tests/integration/envs/test_batched_runner.py), and its metric keys less the per-piece
-connector timers.
+RLlib's ``SingleAgentEnvRunner`` splits every vector step into per-env items and stacks them
+again for the next forward pass, which on ALE's native vector env costs more than the env and
+the network together. ``BatchedAleEnvRunner`` runs the module once per step on the whole uint8
+array, samples with RLlib's ``GetActions``, and builds RLlib's episodes (the same, across
+calls: tests/integration/envs/test_batched_runner.py) and metric keys (less the per-piece
+connector timers) only at the end of ``sample()``.
 
-``envs.configure.configure_env`` picks it for ``ALE/*`` ids on the native path unless
-``env_config.sampler`` is ``rllib``. What it cannot reproduce (custom connectors, episode
-callbacks, a stateful module, another env) and ``sample(num_episodes=...)`` run RLlib's own
-sampling (one log line says why). One difference: when a failed env step recreates the env,
-RLlib keeps the episodes that ended earlier in that ``sample()`` call; this starts it over.
+``configure_env`` picks it for ``ALE/*`` ids on the native path unless ``env_config.sampler``
+is ``rllib``. What it cannot reproduce (custom connectors, episode callbacks, a stateful
+module, another env) and ``sample(num_episodes=...)`` run RLlib's own sampling (one log line
+says why). One difference: when a failed env step recreates the env, RLlib keeps the episodes
+that ended earlier in that ``sample()`` call; this starts it over.
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig

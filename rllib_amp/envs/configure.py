@@ -54,20 +54,18 @@ def check_env_id(env_id: str) -> None:
         )
     if env_id in gym.registry:
         return
-    hint = suggest(env_id, gym.registry)
     raise ValueError(
-        f"env: {env_id!r} is not a registered gymnasium id{hint}; use e.g. 'CartPole-v1' "
-        f"or 'ALE/Pong-v5' (Atari ROMs ship with ale-py)"
+        f"env: {env_id!r} is not a registered gymnasium id{suggest(env_id, gym.registry)}; use "
+        "e.g. 'CartPole-v1' or 'ALE/Pong-v5' (Atari ROMs ship with ale-py)"
     )
 
 
 class AtariEnv(gym.Wrapper):
     """An ALE game through RLlib's Atari wrappers (DeepMind preprocessing): the ``wrappers`` path.
 
-    Observations are float32 in [-1, 1] (x / 128 - 1). Kept for comparison with the native
-    default and for ale_py options it lacks (``mode``, ``difficulty``...). ``config``:
-    ``{"id": "ALE/Pong-v5", ...}``, other keys go to ``gym.make``. RLlib gets the class
-    itself as ``env``: env runners on any node build it by import, unregistered.
+    float32 observations in [-1, 1], for comparison and for ale_py options the native env
+    lacks (``mode``...). ``config``: ``{"id": "ALE/Pong-v5", ...}``, other keys go to
+    ``gym.make``. RLlib gets the class itself: any node builds it by import, unregistered.
 
     Example:
         >>> env = AtariEnv({"id": "ALE/Pong-v5"})  # doctest: +SKIP
