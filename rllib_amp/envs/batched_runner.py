@@ -366,8 +366,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             observations=InfiniteLookbackBuffer(observations, lookback=lookback),
             observation_space=base.observation_space,
             infos=InfiniteLookbackBuffer(
-                list(base.infos.data) + arrays.info_dicts(rows, env),
-                lookback=base.infos.lookback,
+                list(base.infos.data) + arrays.info_dicts(rows, env), lookback=base.infos.lookback
             ),
             actions=InfiniteLookbackBuffer(
                 join_arrays(base.actions, arrays.actions[rows, env]), lookback=lookback

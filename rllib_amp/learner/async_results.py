@@ -41,10 +41,7 @@ _MODULE_STATE_KEY = "_rl_module_state_after_update"
 
 
 def collect_pending(
-    out_queue: queue.Queue,
-    result: ResultDict,
-    *,
-    stats_cls_lookup: dict[str, type] | None = None,
+    out_queue: queue.Queue, result: ResultDict, *, stats_cls_lookup: dict[str, type] | None = None
 ) -> ResultDict:
     """``result`` merged with every result still waiting in ``out_queue`` (emptied); as it is
     when nothing waits. ``stats_cls_lookup``: the config's, for custom reduce methods."""

@@ -13,7 +13,6 @@ update's peak. It does nothing where the allocator is not glibc's, or where you 
 (``MALLOC_*`` environment variables, jemalloc or tcmalloc preloaded).
 
 Example:
-    >>> from rllib_amp.learner.malloc import tune_cpu_malloc
     >>> isinstance(tune_cpu_malloc(), bool)
     True
 """

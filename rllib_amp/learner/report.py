@@ -77,11 +77,7 @@ _COUNTER: dict[str, Any] = {"reduce": "max", "window": 1}
 
 
 def report_update(
-    metrics: MetricsLogger,
-    scalers: Mapping[str, PolicyScaler],
-    *,
-    merged_results: bool,
-    trial: str,
+    metrics: MetricsLogger, scalers: Mapping[str, PolicyScaler], *, merged_results: bool, trial: str
 ) -> None:
     """Logs each module's AMP metrics for the update that just ended; warns when due.
 
@@ -148,8 +144,6 @@ def values_without_an_update(scalers: Mapping[str, PolicyScaler]) -> dict[str, d
     of steps is left to the next update's report.
 
     Example:
-        >>> from rllib_amp.scaling.scaler import PolicyScaler
-        >>> from rllib_amp.settings import AmpSettings
         >>> scalers = {"p0": PolicyScaler(AmpSettings(init_scale=8.0), "cpu", scaling=True)}
         >>> values_without_an_update(scalers)["p0"]["amp_grad_scale"]
         8.0
