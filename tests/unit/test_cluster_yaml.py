@@ -11,6 +11,7 @@ import yaml
 from ray.autoscaler._private.aws.config import DEFAULT_RAY_INSTANCE_PROFILE
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from rllib_amp.fs import is_uri
 from rllib_amp.sweep import storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,7 +70,7 @@ def test_every_node_defaults_the_cli_to_one_s3_bucket_named_once():
     assert words[0] == "echo" and words[2] == ">"
     name, _, uri = words[1].removeprefix("export ").partition("=")
     assert name == storage.STORAGE_ENV
-    assert uri.startswith("s3://") and storage.is_uri(uri)
+    assert uri.startswith("s3://") and is_uri(uri)
     env_file = words[3]
     # It runs on every node (setup_commands are the head's and the workers'), and Ray sources
     # ~/.bashrc before each command, ray start included.

@@ -28,7 +28,6 @@ from rllib_amp.sweep import storage
 )
 def test_one_rule_for_uris_everywhere(location, uri):
     assert fs.is_uri(location) is uri
-    assert storage.is_uri(location) is uri
     if not uri:  # resolving an s3:// URI would ask the network for the bucket's region
         assert fs.resolve(location)[0].type_name == "local"
 
