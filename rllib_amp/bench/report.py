@@ -250,6 +250,13 @@ TARGETS: dict[str, Target] = {
     "end-to-end APPO Pong, amp native / stock fp32 wrappers env steps/s": Target(
         "end_to_end_paths/APPO/amp native", f"end_to_end_paths/APPO/{STOCK}", ">=", 2.0
     ),
+    # AMP never slower than float32 on the same (native) path.
+    "end-to-end PPO Pong, amp native / fp32 native env steps/s": Target(
+        "end_to_end_paths/PPO/amp native", "end_to_end_paths/PPO/fp32 native", ">=", 1.0
+    ),
+    "end-to-end APPO Pong, amp native / fp32 native env steps/s": Target(
+        "end_to_end_paths/APPO/amp native", "end_to_end_paths/APPO/fp32 native", ">=", 1.0
+    ),
     "fixed cost per minibatch step, amp-auto / stock fp32 ms": Target(
         "fixed_cost/amp-auto", "fixed_cost/fp32", "<=", 1.0
     ),
