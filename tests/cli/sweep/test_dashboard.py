@@ -99,6 +99,9 @@ def ray_head():
     gcs, dashboard, metrics, agent, agent_grpc = (_free_port() for _ in range(5))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # As cluster.yaml's head: `ray job stop` waits 60 s, not Ray's 3 s, before its SIGKILL
+    # (on a loaded machine the sweep's summary came after those 3 s and was cut off).
+    env["RAY_JOB_STOP_WAIT_TIME_S"] = "60"
     cmd = ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
            "--dashboard-host=127.0.0.1", f"--port={gcs}", f"--dashboard-port={dashboard}",
            f"--metrics-export-port={metrics}", f"--dashboard-agent-listen-port={agent}",
