@@ -95,7 +95,7 @@ def replaced_searches(
 ) -> tuple[dict[str, object], list[str]]:
     """``data`` without the search entries that ``--set key=value`` gives a fixed value, and
     one line per entry dropped: a fixed value the user asked for must not lose to a search
-    (tests/unit/experiment/test_dotted.py shows them)."""
+    (tests/unit/experiment/test_schema.py shows them)."""
     search = data.get("search")
     if key.split(".", 1)[0] == "search" or not isinstance(search, Mapping):
         return dict(data), []

@@ -1,4 +1,4 @@
-"""Dotted keys of an experiment: setting one, the integer keys, a --set on a searched key."""
+"""experiment.schema's dotted keys: setting one, the integer keys, a --set on a searched key."""
 
 from __future__ import annotations
 
