@@ -57,6 +57,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rllib_amp.cli import Parser, UsageError, main_wrapper
+from rllib_amp.sweep.ray_address import LOCAL_RAY_ENV
 from studies.curves import (
     AMP,
     CARTPOLE_DQN,
@@ -376,6 +377,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 0
     out = args.resume or args.out
     spec = _resumed_run(out) if args.resume else _new_run(args)
+    # As the sweep gives its local Ray (sweep.ray_address.LOCAL_RAY_ENV), before torch loads.
+    for key, value in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(key, value)
     import torch
 
     from rllib_amp.bench.harness import in_child

@@ -107,12 +107,21 @@ def _host_port(address: str) -> tuple[str | None, int | None]:
 RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
+# What a local Ray's processes get unless the user's environment sets it: OpenMP threads that
+# sleep when idle instead of spinning, which on shared cores made one forward pass 50-100x
+# slower (docs/performance.md). OpenMP reads it once, when a process loads torch.
+LOCAL_RAY_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def start_ray(address: str | None, where: str) -> str | None:
-    """``ray.init`` (no address: a fresh local Ray), its failures as UsageError, the SIGTERM
-    handler kept (it puts its own ``sys.exit(15)`` there); the session folder (Ray Client: None)."""
+    """``ray.init`` (no address: a fresh local Ray, whose processes inherit ``LOCAL_RAY_ENV``
+    where unset), its failures as UsageError, the SIGTERM handler kept (it puts its own
+    ``sys.exit(15)`` there); the session folder (Ray Client: None)."""
     import ray
 
     sigterm = signal.getsignal(signal.SIGTERM)
+    added = {} if address else {k: v for k, v in LOCAL_RAY_ENV.items() if k not in os.environ}
+    os.environ.update(added)  # the raylet and its workers inherit this process's environment
     try:
         context = ray.init(address=address or "local", log_to_driver=False)
     except SystemExit as e:
@@ -139,6 +148,8 @@ def start_ray(address: str | None, where: str) -> str | None:
             f"the address and that the cluster runs the same Ray and Python versions"
         ) from None
     finally:
+        for k in added:
+            os.environ.pop(k, None)
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
     info = getattr(context, "address_info", None) or {}  # Ray Client's context has none

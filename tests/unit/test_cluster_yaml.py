@@ -45,6 +45,9 @@ def test_dashboard_on_localhost_auth_on_no_secrets():
     assert "0.0.0.0" not in head_cmds
     # `ray job stop` waits for the sweep's summary instead of Ray's 3 s before SIGKILL.
     assert "RAY_JOB_STOP_WAIT_TIME_S=60 ray start --head" in head_cmds
+    # Every node's torch threads sleep when idle, as on the local Ray the command starts.
+    for cmds in (cfg["head_start_ray_commands"], cfg["worker_start_ray_commands"]):
+        assert "OMP_WAIT_POLICY=PASSIVE" in " ".join(cmds)
     with open(PATH, encoding="utf-8") as f:
         text = f.read()
     code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())

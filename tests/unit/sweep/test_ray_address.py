@@ -150,3 +150,44 @@ def test_python_m_rllib_amp_tune_is_the_one_entry_point_that_opts_in(monkeypatch
     monkeypatch.setattr(cli, "_command_process", False)
     runpy.run_module("rllib_amp.tune")  # imported, not run: no opt-in
     assert not cli.may_end_process()
+
+
+@pytest.mark.parametrize(
+    "address, user_value, seen",
+    [
+        (None, None, "PASSIVE"),  # a local Ray of our own: OpenMP threads that sleep
+        (None, "ACTIVE", "ACTIVE"),  # the user's setting wins
+        ("127.0.0.1:1", None, None),  # a cluster's processes are not ours to set
+    ],
+)
+def test_a_local_ray_inherits_passive_openmp_threads_unless_the_user_set_them(
+    monkeypatch, address, user_value, seen
+):
+    import os
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if user_value is not None:
+        monkeypatch.setenv("OMP_WAIT_POLICY", user_value)
+    during = []
+    monkeypatch.setattr(ray, "init", lambda **kw: during.append(os.environ.get("OMP_WAIT_POLICY")))
+    RA.start_ray(address, "--address")
+    assert during == [seen]
+    assert os.environ.get("OMP_WAIT_POLICY") == user_value  # this process's environment as before
+
+
+def test_the_workers_of_the_local_ray_start_ray_starts_see_passive_openmp(own_ray_env):
+    # A real local Ray in a process of its own: a task on one of its workers reads the variable.
+    code = (
+        "import os, ray\n"
+        "from rllib_amp.sweep.ray_address import start_ray\n"
+        "start_ray(None, '')\n"
+        "print(ray.get(ray.remote(lambda: os.environ.get('OMP_WAIT_POLICY')).remote()))\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+        "ray.shutdown()\n"
+    )
+    env = {k: v for k, v in own_ray_env.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["PASSIVE", "None"]
