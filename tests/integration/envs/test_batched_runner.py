@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
+from rllib_amp import AmpSettings, with_amp
 from rllib_amp import experiment as E
 from rllib_amp.bench import sampling
 from rllib_amp.envs import atari
@@ -30,7 +31,9 @@ ENV_CONFIG = {"max_num_frames_per_episode": 200, "noop_max": 5}
 CALLS = (25, 3, 40, 30)  # sample(num_timesteps=...) per call: cuts at odd places
 
 
-def runner(sampler: str, *, algorithm: str = "PPO", num_envs: int = 2, seed: int = 7):
+def runner(
+    sampler: str, *, algorithm: str = "PPO", num_envs: int = 2, seed: int = 7, amp: bool = False
+):
     cfg = sampling.sampling_config(
         atari.NATIVE,
         env_id="ALE/Breakout-v5",
@@ -42,9 +45,12 @@ def runner(sampler: str, *, algorithm: str = "PPO", num_envs: int = 2, seed: int
     cfg.debugging(seed=seed)
     if algorithm == "DQN":  # epsilon-greedy with an epsilon that matters
         cfg.training(epsilon=[(0, 0.5), (10_000, 0.05)])
+    if amp:  # bfloat16 autocast inference
+        cfg = with_amp(cfg, AmpSettings(dtype="bfloat16", inference_dtype="bfloat16"))
     forget_rllib_env_ids()  # RLlib's runner re-registers its env id: no gymnasium warning
     out = (cfg.env_runner_cls or SingleAgentEnvRunner)(config=cfg)
-    assert type(out) is (BatchedAleEnvRunner if sampler == atari.BATCHED else SingleAgentEnvRunner)
+    rllibs = AmpSingleAgentEnvRunner if amp else SingleAgentEnvRunner
+    assert type(out) is (BatchedAleEnvRunner if sampler == atari.BATCHED else rllibs)
     return out
 
 
@@ -115,6 +121,33 @@ def test_batched_runner_gives_rllibs_episodes_element_for_element():
     assert mine_metrics == rllib_metrics
     assert mine_metrics["num_episodes_lifetime"] > 0
     assert r.batched_unsupported is None
+
+
+def test_bfloat16_inference_casts_each_weight_once_per_sample_call_with_rllibs_episodes():
+    import torch
+
+    # The same episodes as RLlib's runner under autocast, whose forward passes each cast every
+    # weight to bfloat16 again: one autocast region around the whole call gives the same values.
+    (mine, _, r), (rllib, _, _) = sample_both(amp=True)
+    assert r.amp_inference_precision.dtype == torch.bfloat16
+    ids: dict[str, str] = {}
+    for a, b in zip(mine, rllib, strict=True):
+        assert_same_episodes(a, b, ids)
+    # The weights' casts in a call of 20 steps: each weight once, not once per step.
+    r = runner(atari.BATCHED, amp=True)
+    try:
+        r.sample(num_timesteps=4)
+        shapes = [list(p.shape) for p in r.module.parameters()]
+        with torch.profiler.profile(record_shapes=True) as prof:
+            r.sample(num_timesteps=40)  # 2 envs: 20 steps
+        weight_casts = sum(
+            e.count
+            for e in prof.key_averages(group_by_input_shape=True)
+            if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] in shapes
+        )
+    finally:
+        r.stop()
+    assert len(shapes) <= weight_casts <= len(shapes) + 2, (weight_casts, shapes)
 
 
 @pytest.mark.slow
