@@ -443,10 +443,14 @@ def test_the_committed_pong_dqn_evidence_is_built_from_its_parquet_files():
     rows = _committed_evidence(folder, P.PONG_DQN_PATHS, C.PONG_DQN, ("docs/dqn.md",))
     with open(os.path.join(ROOT, "docs", "dqn.md"), encoding="utf-8") as f:
         page = f.read()
-    # The page's sentence on seed 0 is the table's figures.
-    (m,) = [C.run_milestones(r, C.PONG_DQN) for k, r in C.group_runs(rows).items() if k[2] == 0]
+    # The page's sentences on each path's seed 0 are the table's figures.
+    runs = C.group_runs(rows)
+    (m,) = [C.run_milestones(r, C.PONG_DQN) for k, r in runs.items() if k[1:] == ("amp-native", 0)]
     assert f"+{m['return_at_2M']:.1f} at 2M env steps" in page
     assert (
         f"first 0 at {m['steps_to_0'] / 1e6:.2f}M and +15 at {m['steps_to_15'] / 1e6:.2f}M" in page
     )
+    fp32 = [C.run_milestones(r, C.PONG_DQN) for k, r in runs.items() if k[1:] == ("fp32-native", 0)]
+    for f in fp32:
+        assert f"fp32-native seed 0 is at {f['return_at_1M']:+.1f} at 1M" in page
     assert os.path.exists(os.path.join(folder, "learning.png"))
