@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -195,12 +194,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             self._batched_obs = None  # RLlib's loop owns the envs now: reset before ours
             return super()._sample(num_timesteps=num_timesteps, **kwargs)
         kwargs.pop("num_episodes", None)  # None: RLlib's sample() passes one or the other
-        # One autocast region around the whole call: torch caches each weight's 16-bit copy
-        # until the outermost region exits, so the weights are cast once per sample() instead
-        # of once per step (the forward passes' own regions nest inside it).
-        precision = self.amp_inference_precision
-        with precision.autocast() if precision is not None else contextlib.nullcontext():
-            return self._sample_batched(num_timesteps, **kwargs)
+        return self._sample_batched(num_timesteps, **kwargs)
 
     def _sample_batched(
         self, num_timesteps: int, *, explore: bool, random_actions: bool, force_reset: bool

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,15 @@ class AmpEnvRunnerMixin:
         for module in modules:
             autocast_forwards(module, precision)
         logger.debug("rllib_amp: env runner inference in %s", precision.describe())
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        # One autocast region around the whole call: torch caches each weight's 16-bit copy
+        # until the outermost region exits, so the weights are cast once per sample() instead
+        # of once per step (the forward passes' own regions nest inside it; the connectors'
+        # numpy and distribution ops are the same under it).
+        precision = self.amp_inference_precision
+        with precision.autocast() if precision is not None else contextlib.nullcontext():
+            return super().sample(*args, **kwargs)  # type: ignore[misc]
 
 
 class AmpSingleAgentEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):

@@ -10,6 +10,7 @@ move between the two samplers.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -123,31 +124,56 @@ def test_batched_runner_gives_rllibs_episodes_element_for_element():
     assert r.batched_unsupported is None
 
 
-def test_bfloat16_inference_casts_each_weight_once_per_sample_call_with_rllibs_episodes():
+def weight_casts_in_a_call(r, steps: int) -> tuple[int, int]:
+    """(weight casts to 16 bits in one sample() of ``steps`` steps per env, weights)."""
     import torch
 
-    # The same episodes as RLlib's runner under autocast, whose forward passes each cast every
-    # weight to bfloat16 again: one autocast region around the whole call gives the same values.
-    (mine, _, r), (rllib, _, _) = sample_both(amp=True)
-    assert r.amp_inference_precision.dtype == torch.bfloat16
-    ids: dict[str, str] = {}
-    for a, b in zip(mine, rllib, strict=True):
-        assert_same_episodes(a, b, ids)
-    # The weights' casts in a call of 20 steps: each weight once, not once per step.
-    r = runner(atari.BATCHED, amp=True)
+    r.sample(num_timesteps=4)
+    shapes = [list(p.shape) for p in r.module.parameters()]
+    with torch.profiler.profile(record_shapes=True) as prof:
+        r.sample(num_timesteps=steps * r.num_envs)
+    casts = sum(
+        e.count
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] in shapes
+    )
+    return casts, len(shapes)
+
+
+@pytest.mark.parametrize("sampler", [atari.BATCHED, atari.RLLIB])
+def test_bfloat16_inference_casts_each_weight_once_per_sample_call_with_rllibs_episodes(sampler):
+    import torch
+
+    # Both AMP runners enter one autocast region per sample() call: each weight is cast to
+    # bfloat16 once per call (20 steps here), not once per step as the forward passes' own
+    # regions alone would (RLlib's loop without the outer region: 20 casts per weight).
+    r = runner(sampler, amp=True)
     try:
-        r.sample(num_timesteps=4)
-        shapes = [list(p.shape) for p in r.module.parameters()]
-        with torch.profiler.profile(record_shapes=True) as prof:
-            r.sample(num_timesteps=40)  # 2 envs: 20 steps
-        weight_casts = sum(
-            e.count
-            for e in prof.key_averages(group_by_input_shape=True)
-            if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] in shapes
-        )
+        assert r.amp_inference_precision.dtype == torch.bfloat16
+        casts, weights = weight_casts_in_a_call(r, 20)
+        assert weights <= casts <= weights + 2, (casts, weights)
+        r.sample = lambda **kw: SingleAgentEnvRunner.sample(r, **kw)  # no outer region
+        casts, _ = weight_casts_in_a_call(r, 20)
+        assert casts >= 15 * weights, (casts, weights)
     finally:
         r.stop()
-    assert len(shapes) <= weight_casts <= len(shapes) + 2, (weight_casts, shapes)
+    # The same episodes as without the outer region (RLlib's runner, per-step regions only).
+    out = []
+    for outer in (True, False):
+        r = runner(sampler, amp=True)
+        try:
+            call = r.sample if outer else functools.partial(SingleAgentEnvRunner.sample, r)
+            out.append([call(num_timesteps=n) for n in CALLS])
+        finally:
+            r.stop()
+    ids: dict[str, str] = {}
+    for a, b in zip(*out, strict=True):
+        assert_same_episodes(a, b, ids)
+    if sampler == atari.BATCHED:  # and RLlib's runner's episodes, the batched sampler's
+        (mine, _, _), (rllib, _, _) = sample_both(amp=True)
+        ids = {}
+        for a, b in zip(mine, rllib, strict=True):
+            assert_same_episodes(a, b, ids)
 
 
 @pytest.mark.slow
