@@ -28,7 +28,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 from rllib_amp.experiment.errors import ExperimentError
 from rllib_amp.experiment.sampler import Sampler
@@ -36,30 +36,9 @@ from rllib_amp.experiment.sampler import Sampler
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-    from rllib_amp.experiment.data import ExperimentData, Section
+    from rllib_amp.experiment import Experiment
+    from rllib_amp.experiment.data import Section
     from rllib_amp.experiment.results import ResultCatalog
-
-
-class Experiment(Protocol):
-    """What pre-flight reads of ``rllib_amp.experiment.Experiment``, whose package imports
-    this module (importing the class here would be an import cycle)."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def data(self) -> ExperimentData: ...
-    @property
-    def algorithm(self) -> str: ...
-    @property
-    def env(self) -> str: ...
-    @property
-    def search(self) -> dict[str, Sampler]: ...
-    @property
-    def stop(self) -> dict[str, float]: ...
-    @property
-    def tune(self) -> dict[str, Any]: ...
-    def with_overrides(self, overrides: Mapping[str, object]) -> Experiment: ...
-    def algorithm_config(self) -> AlgorithmConfig: ...
 
 
 # Configs checked with every combination of searched values when there are at most this many;
