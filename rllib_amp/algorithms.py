@@ -38,16 +38,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class ResultKeys:
-    """What one algorithm reports beyond the keys every algorithm reports."""
-
-    top: tuple[str, ...] = ()
-    scopes: tuple[str, ...] = ()
-    # Per-module learner keys worth suggesting (the losses people stop or rank on).
-    learner: tuple[str, ...] = ()
-
-
 class _FromRLlib(Generic[T]):
     """A row's class (or RLlib-named value), looked up in ``_rllib_classes`` on first use."""
 
@@ -65,7 +55,8 @@ class Algorithm:
     """One supported algorithm and the classes rllib-amp uses for it (imported on first use).
 
     ``minibatches``: the learner splits each train batch (``minibatch_size``, ``num_epochs``).
-    Result keys: RLlib constants as ``"module.CONSTANT"`` under ``ray.rllib``; scopes literal.
+    Result keys beyond the common ones (``learner_keys``: the per-module losses people stop or
+    rank on): RLlib constants as ``"module.CONSTANT"`` under ``ray.rllib``; scopes literal.
     """
 
     name: str
@@ -82,7 +73,6 @@ class Algorithm:
     batchnorm_module = _FromRLlib[type]()
     algorithm_class = _FromRLlib[type]()
     amp_algorithm = _FromRLlib[type]()
-    results = _FromRLlib[ResultKeys]()
 
 
 _LOSSES = tuple(
@@ -152,7 +142,7 @@ def _rllib_classes() -> dict[str, dict[str, Any]]:
     return _CLASSES
 
 
-def _rllib_value(reference: str) -> Any:
+def rllib_value(reference: str) -> Any:
     """``"module.NAME"`` under ``ray.rllib`` -> its value."""
     module, name = reference.rsplit(".", 1)
     return getattr(importlib.import_module(f"ray.rllib.{module}"), name)
@@ -166,11 +156,9 @@ def _define_rllib_classes(row: Algorithm) -> dict[str, Any]:
 
     x, package = row.name, row.name.lower()
     rllib = f"algorithms.{package}"
-    learner = _rllib_value(f"{rllib}.torch.{package}_torch_learner.{x}TorchLearner")
-    module = _rllib_value(
-        f"{rllib}.torch.default_{package}_torch_rl_module.Default{x}TorchRLModule"
-    )
-    algorithm_class = _rllib_value(f"{rllib}.{x}")
+    learner = rllib_value(f"{rllib}.torch.{package}_torch_learner.{x}TorchLearner")
+    module = rllib_value(f"{rllib}.torch.default_{package}_torch_rl_module.Default{x}TorchRLModule")
+    algorithm_class = rllib_value(f"{rllib}.{x}")
     names = {field: name.format(x) for field, name in _AMP_NAMES.items()}
     learner_doc = f"{x}'s torch learner with autocast and a checkpointed GradScaler per policy."
     algorithm_doc = f"RLlib's {x} with verified restores and checksummed checkpoints."
@@ -192,15 +180,10 @@ def _define_rllib_classes(row: Algorithm) -> dict[str, Any]:
     globals().update({names[field]: cls for field, cls in made.items()})  # skip __getattr__
     return {
         **made,
-        "config_class": _rllib_value(f"{rllib}.{x}Config"),
+        "config_class": rllib_value(f"{rllib}.{x}Config"),
         "learner": learner,
         "module": module,
         "algorithm_class": algorithm_class,
-        "results": ResultKeys(
-            top=tuple(_rllib_value(k) for k in row.top_keys),
-            scopes=row.scopes,
-            learner=tuple(_rllib_value(k) for k in row.learner_keys),
-        ),
     }
 
 

@@ -31,7 +31,7 @@ from ray.rllib.core.learner import learner as rllib_learner
 from ray.rllib.utils import metrics as rllib_metrics
 from ray.tune import result as tune_result
 
-from rllib_amp.algorithms import algorithm
+from rllib_amp.algorithms import algorithm, rllib_value
 from rllib_amp.learner import metrics as amp_metrics
 
 # Keys Tune puts on every result of a class Trainable. Its timesteps_total, episodes_total and
@@ -198,7 +198,6 @@ def catalog(name: str) -> ResultCatalog:
         True
     """
     record = algorithm(name)
-    family = record.results
     # The UPPER_CASE string constants that look like key names, in the modules of the
     # algorithm's and its learner's classes.
     algo_class = record.config_class().algo_class
@@ -212,7 +211,7 @@ def catalog(name: str) -> ResultCatalog:
     }
     leaves.update(LITERAL_LEAVES)
     leaves.update(amp_metrics.ALL_KEYS)
-    top = {*TUNE_KEYS, *RLLIB_TOP_KEYS, *family.top}
+    top = {*TUNE_KEYS, *RLLIB_TOP_KEYS, *map(rllib_value, record.top_keys)}
     module = f"{rllib_metrics.LEARNER_RESULTS}/{DEFAULT_MODULE_ID}"
     suggestions = [
         *sorted(k for k in top if k not in _NOT_SUGGESTED),
@@ -222,12 +221,12 @@ def catalog(name: str) -> ResultCatalog:
         *(f"{rllib_metrics.LEARNER_RESULTS}/{ALL_MODULES}/{k}" for k in ALL_MODULES_HEADLINES),
         *(f"{module}/{k}" for k in amp_metrics.ALL_KEYS),
         f"{module}/{rllib_learner.Learner.TOTAL_LOSS_KEY}",
-        *(f"{module}/{k}" for k in family.learner),
+        *(f"{module}/{rllib_value(k)}" for k in record.learner_keys),
     ]
     return ResultCatalog(
         algorithm=record.name,
         top=frozenset(top),
-        scopes=frozenset((*SCOPES, *family.scopes)),
+        scopes=frozenset((*SCOPES, *record.scopes)),
         leaves=frozenset(leaves),
         suggestions=tuple(dict.fromkeys(suggestions)),
     )

@@ -47,16 +47,19 @@ def test_a_rows_classes_are_derived_from_its_name(name, config, learner, algorit
 
 
 def test_result_keys_are_rllibs_constants():
-    assert ALGORITHMS["PPO"].results.learner == (
+    def values(keys):
+        return [algorithms.rllib_value(k) for k in keys]
+
+    assert values(ALGORITHMS["PPO"].learner_keys) == [
         rllib_learner.POLICY_LOSS_KEY,
         rllib_learner.VF_LOSS_KEY,
         rllib_learner.ENTROPY_KEY,
         ppo.LEARNER_RESULTS_KL_KEY,
         ppo.LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
-    )
-    assert ALGORITHMS["DQN"].results.learner[0] == dqn_learner.QF_LOSS_KEY
-    assert ALGORITHMS["DQN"].results.scopes == ("replay_buffer",)
-    assert len(ALGORITHMS["APPO"].results.top) == 3
+    ]
+    assert values(ALGORITHMS["DQN"].learner_keys)[0] == dqn_learner.QF_LOSS_KEY
+    assert ALGORITHMS["DQN"].scopes == ("replay_buffer",)
+    assert len(values(ALGORITHMS["APPO"].top_keys)) == 3
 
 
 def test_the_registry_lists_every_module_level_name():
