@@ -218,8 +218,7 @@ def algorithm_for_config(config: AlgorithmConfig) -> Algorithm | None:
     """The record whose config class ``config`` is an instance of, most specific first."""
     matches = [a for a in ALGORITHMS.values() if isinstance(config, a.config_class)]
     # APPOConfig is no PPOConfig subclass in RLlib today; prefer the deepest class anyway.
-    matches.sort(key=lambda a: len(a.config_class.__mro__), reverse=True)
-    return matches[0] if matches else None
+    return max(matches, key=lambda a: len(a.config_class.__mro__), default=None)
 
 
 # One class per (mixin, base), so that Ray and checkpoints see the same class each time.

@@ -116,9 +116,6 @@ def with_amp(
         config.algo_class = amp_algorithm_class(algo_class)
     # Autocast inference on the EnvRunners, unless the user brought their own EnvRunner.
     if config.env_runner_cls in (None, AmpSingleAgentEnvRunner, AmpMultiAgentEnvRunner):
-        config.env_runners(
-            env_runner_cls=AmpMultiAgentEnvRunner
-            if config.is_multi_agent
-            else AmpSingleAgentEnvRunner
-        )
+        runner = AmpMultiAgentEnvRunner if config.is_multi_agent else AmpSingleAgentEnvRunner
+        config.env_runners(env_runner_cls=runner)
     return config

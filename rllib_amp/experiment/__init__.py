@@ -72,8 +72,7 @@ def _override_items(
 
 
 def _covered(key: str, value: object) -> set[str]:
-    """``key`` and every key inside a mapping value (``--set amp={init_scale: 1}`` sets
-    ``amp.init_scale``)."""
+    """``key`` and every key inside a mapping value (``--set amp={init_scale: 1}``)."""
     out = {key}
     if isinstance(value, Mapping):
         for k, v in value.items():

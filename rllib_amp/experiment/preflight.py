@@ -211,8 +211,7 @@ def _build_runtime(
 
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
-    if len(text) > 300:
-        text = text[:300] + "..."
+    text = text[:300] + "..." if len(text) > 300 else text
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
