@@ -153,22 +153,17 @@ def check_training_type(path: str, key: str, value: object, kinds: frozenset[str
     if value is None:
         return  # RLlib's hints are all Optional
     if kinds_of(value) not in kinds:
-        words = []
-        if "float" in kinds:
-            words.append("a number")
-            if "list" in kinds:
-                words.append("a [[timestep, value], ...] schedule")
-        elif "int" in kinds:
-            words.append("an integer")
-        for kind, word in (
-            ("bool", "true or false"),
-            ("str", "a string"),
-            ("mapping", "a mapping"),
-        ):
-            if kind in kinds:
-                words.append(word)
-        if "list" in kinds and "float" not in kinds:
-            words.append("a list")
+        number = "float" in kinds
+        named = (
+            (number, "a number"),
+            (number and "list" in kinds, "a [[timestep, value], ...] schedule"),
+            (not number and "int" in kinds, "an integer"),
+            ("bool" in kinds, "true or false"),
+            ("str" in kinds, "a string"),
+            ("mapping" in kinds, "a mapping"),
+            (not number and "list" in kinds, "a list"),
+        )
+        words = [word for wanted, word in named if wanted]
         fix = f"; write {int(value)}" if isinstance(value, float) and value.is_integer() else ""
         raise err(
             path, f"training.{key}", f"got {value!r}; RLlib expects {' or '.join(words)}{fix}"
