@@ -64,9 +64,7 @@ def write_manifest(path: Location, *, filesystem: pyarrow.fs.FileSystem | None =
     """
     fs, root = resolve(path, filesystem)
     files = {}
-    for rel in list_files(fs, root):
-        if rel == MANIFEST_FILE_NAME:
-            continue
+    for rel in (r for r in list_files(fs, root) if r != MANIFEST_FILE_NAME):
         data = read_bytes(fs, posixpath.join(root, rel))
         files[rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     manifest = {"format": _MANIFEST_FORMAT, "version": _MANIFEST_VERSION, "files": files}

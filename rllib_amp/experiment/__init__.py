@@ -200,9 +200,8 @@ class Experiment:
 
     def resolved(self) -> dict[str, object]:
         """The full normalised experiment as plain data (for --dry-run and overrides)."""
-        out = {k: copy.deepcopy(v) for k, v in self.data.items() if k != "search"}
-        out["search"] = {k: s.to_dict() for k, s in self.data["search"].items()}
-        return out
+        plain = {k: copy.deepcopy(v) for k, v in self.data.items() if k != "search"}
+        return {**plain, "search": {k: s.to_dict() for k, s in self.data["search"].items()}}
 
 
 def load(

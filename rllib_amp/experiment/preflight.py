@@ -83,14 +83,12 @@ def _draws(sampler: Sampler, rng: random.Random) -> list[object]:
     if sampler.kind in ("grid", "choice"):
         return list(sampler.values)
     lo, hi = sampler.values
-    values: list[object] = list(sampler.edges())
-    for _ in range(RANGE_DRAWS):
-        if sampler.kind == "randint":
-            values.append(rng.randrange(lo, hi))
-        elif sampler.kind == "loguniform":
-            values.append(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-        else:
-            values.append(rng.uniform(lo, hi))
+    draw = {
+        "randint": lambda: rng.randrange(lo, hi),
+        "loguniform": lambda: math.exp(rng.uniform(math.log(lo), math.log(hi))),
+        "uniform": lambda: rng.uniform(lo, hi),
+    }[sampler.kind]
+    values = [*sampler.edges(), *(draw() for _ in range(RANGE_DRAWS))]
     return list({repr(v): v for v in values}.values())
 
 
