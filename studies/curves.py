@@ -388,6 +388,46 @@ def table(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str:
     return "\n".join(lines)
 
 
+def time_to_score(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str:
+    """Wall-clock minutes to first reach each milestone return, one line per path and machine:
+    the seeds that got there within their run's length (of all seeds), their median and range.
+
+    Example:
+        >>> rows = [{"run": f"r{i}", "path": "amp-native", "seed": i, "env_steps": s,
+        ...          "seconds": s / 100 * (i + 1), "return": r, "episodes": 20, "machine": "m",
+        ...          "date": "d"} for i in (0, 1) for s, r in [(1e6, -5.0), (2e6, 19.0)]]
+        >>> print(time_to_score(rows).splitlines()[-1])
+        | amp-native | 2 | 2.00M | 2 of 2 | 500 | 333-667 | 2 of 2 | 500 | 333-667 | m |
+    """
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run_rows in group_runs(rows).values():
+        key = (run_rows[0]["path"], run_rows[0]["machine"])
+        by.setdefault(key, []).append(run_milestones(run_rows, task))
+    signed = min(task.milestone_returns) <= 0
+    header = ["path", "seeds", "run length"]
+    for r in task.milestone_returns:
+        name = f"{r:+g}" if signed and r else f"{r:g}"
+        header += [f"reached {name}", "minutes, median", "range"]
+    header.append("machine")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (path, machine), runs in sorted(by.items()):
+        spans = sorted({f"{m['env_steps'] / 1e6:.2f}M" for m in runs})
+        cells = [path, str(len(runs)), "-".join([spans[0], spans[-1]][: len(spans)])]
+        for r in task.milestone_returns:
+            minutes = [m[f"seconds_to_{r:g}"] / 60 for m in runs if m[f"seconds_to_{r:g}"]]
+            cells.append(f"{len(minutes)} of {len(runs)}")
+            if minutes:
+                cells += [
+                    f"{statistics.median(minutes):.0f}",
+                    f"{min(minutes):.0f}-{max(minutes):.0f}",
+                ]
+            else:
+                cells += ["-", "-"]
+        cells.append(machine)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: Sequence[Mapping[str, Any]], png: str, task: Task = PONG_PPO) -> bool:
     """learning.png from the rows alone: return against env steps and against hours. False
     (and nothing written) without matplotlib."""
@@ -457,6 +497,12 @@ def report_text(rows: Sequence[Mapping[str, Any]], task: Task = PONG_PPO) -> str
     ``compare_steps`` when both have two seeds or more there; and the replication
     (``task.replication_seeds``) on its own once each of its seeds of both paths got there."""
     lines = [table(rows, task)]
+    lines.append(
+        "\nWall-clock minutes from each run's start to first reach each return (the 20-episode "
+        "mean), per path and machine; the runs' own hours, so a shared machine's where the "
+        "page says the runs shared the cores:\n"
+    )
+    lines.append(time_to_score(rows, task))
     runs = group_runs(rows)
     at = steps_label(task.compare_steps)
     c = compare_at(runs, task.compare_steps, task.amp, task.reference)

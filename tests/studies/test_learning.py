@@ -87,6 +87,22 @@ def test_milestones_returns_at_1m_2m_3m_and_steps_and_time_to_0_and_18():
     assert never["return_at_1M"] is None and never["steps_to_0"] is None
 
 
+def test_time_to_score_gives_per_path_the_seeds_that_got_there_median_and_range():
+    rows = (
+        _rows("a", P.AMP, 0, [(5e5, 600.0, -3.0), (1e6, 1200.0, 1.0), (2e6, 3000.0, 18.2)])
+        + _rows("b", P.AMP, 1, [(5e5, 300.0, 2.0), (1e6, 900.0, 10.0)])
+        + _rows("c", P.FP32_NATIVE, 0, [(1e6, 1800.0, -5.0)])
+    )
+    lines = C.time_to_score(rows).splitlines()
+    assert lines[0].startswith("| path | seeds | run length | reached 0 | minutes, median | range")
+    # amp: both seeds reach 0 (at 20 and 5 min), one of two reaches +18 (at 50 min).
+    amp = "| amp-native | 2 | 1.00M-2.00M | 2 of 2 | 12 | 5-20 | 1 of 2 | 50 | 50-50 |"
+    assert lines[2] == f"{amp} {MACHINE} |"
+    assert lines[3] == f"| fp32-native | 1 | 1.00M | 0 of 1 | - | - | 0 of 1 | - | - | {MACHINE} |"
+    # report_text (table.md, the pages' copies) carries it under the runs' table.
+    assert "\n".join(lines) in C.report_text(rows)
+
+
 def test_milestones_use_the_last_20_episodes_not_one_lucky_game():
     # One episode per iteration: a single +18 game among losses is no +18 agent.
     points = [(1e5 * i, 10.0 * i, -20.0) for i in range(1, 31)] + [(3.1e6, 310.0, 18.0)]
