@@ -77,30 +77,25 @@ def build(
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(15, 4.6), layout="constrained")
-    ax_metric, ax_scale, ax_skip = fig.subplots(1, 3)
-    panels = [
-        (ax_metric, metric, False, metric.split("/")[-1]),
-        (ax_scale, SCALE, True, "log2 loss scale"),
-        (ax_skip, SKIP, False, "skipped share of optimizer steps"),
-    ]
+    axes = fig.subplots(1, 3)
+    titles = (metric.split("/")[-1], "log2 loss scale", "skipped share of optimizer steps")
+    for ax, title in zip(axes, titles):
+        ax.set(xlabel="env steps", title=title)
+        ax.grid(alpha=0.3)
+    ax_metric = axes[0]
     for g in groups:
         mark = " (best)" if g.rank == 1 else (" (tied)" if g.tied else "")
-        label = f"#{g.rank} {g.label()}{mark}"
+        trials = [curves.get(str(t.get("trial_id")), {}) for t in g.trials]
         color = None
-        for ax, key, log2, _ in panels:
-            trials = [curves.get(str(t.get("trial_id")), {}) for t in g.trials]
+        for ax, key, log2 in zip(axes, (metric, SCALE, SKIP), (False, True, False)):
             x, mean, low, high = _band([(c[STEPS_KEY], c[key]) for c in trials if key in c], log2)
             if not len(x):
                 continue
-            (line,) = ax.plot(x, mean, label=label, color=color, lw=1.6)
+            (line,) = ax.plot(x, mean, label=f"#{g.rank} {g.label()}{mark}", color=color, lw=1.6)
             color = line.get_color()
             ax.fill_between(x, low, high, color=color, alpha=0.15, lw=0)
     if threshold is not None:
         ax_metric.axhline(threshold, color="grey", ls="--", lw=1)
-    for ax, _, _, title in panels:
-        ax.set_xlabel("env steps")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
     seeds = max((len(g.trials) for g in groups), default=0)
     ax_metric.set_ylabel(f"mean over seeds (band: lowest to highest of up to {seeds})")
     if ax_metric.get_legend_handles_labels()[0]:

@@ -70,7 +70,7 @@ def interval(values: Sequence[object]) -> Interval:
     """The mean of the finite ``values`` and its 95% Student-t interval."""
     xs = [x for x in map(finite, values) if x is not None]
     if len(xs) < 2:
-        return Interval(xs[0], None, None, 1) if xs else Interval(None, None, None, 0)
+        return Interval(xs[0] if xs else None, None, None, len(xs))
     from scipy import stats
 
     mean = statistics.fmean(xs)
@@ -194,13 +194,8 @@ def group(
         )
     # Best first by the ranked interval's mean (groups without one last); tied: overlapping
     # the best's interval.
-    lower_is_better = steps_key is not None or mode == "min"
-
-    def order(g: Group) -> tuple[bool, float]:
-        m = g.ranked.mean
-        return (True, 0.0) if m is None else (False, m if lower_is_better else -m)
-
-    groups.sort(key=order)
+    sign = 1.0 if steps_key is not None or mode == "min" else -1.0
+    groups.sort(key=lambda g: (g.ranked.mean is None, sign * (g.ranked.mean or 0.0)))
     for i, g in enumerate(groups, 1):
         g.rank = i
         g.tied = g.ranked.overlaps(groups[0].ranked)
@@ -231,8 +226,7 @@ def finding(groups: Sequence[Group]) -> str:
             f"{best.label()}: {best_text}."
         )
     keys = list(best.values) if all(g.ranked.n >= 2 for g in ranked) else []
-    deciding: list[str] = []
-    rest: list[str] = []
+    deciding, rest = [], []
     for key in keys:
         envelopes: dict[object, list[float]] = {}
         for g in ranked:
@@ -247,9 +241,8 @@ def finding(groups: Sequence[Group]) -> str:
             rest.append(_leaf(key))
     if deciding:
         verb = "does" if len(rest) == 1 else "do"
-        return "; ".join(deciding) + (
-            f"; {', '.join(rest)} {verb} not separate the groups." if rest else ""
-        )
+        tail = [f"{', '.join(rest)} {verb} not separate the groups."] if rest else []
+        return "; ".join(deciding + tail)
     tied = sum(g.tied for g in ranked)
     if tied == len(ranked):
         return (

@@ -172,25 +172,16 @@ def write(rec: Recommendation, exp_dir: str) -> str:
     return location
 
 
-def amp_blocks(grid: Iterable[Result]) -> dict[str, dict[str, object]]:
-    """trial_id -> the AMP block of the trial's final config."""
-    out: dict[str, dict[str, object]] = {}
+def report(exp: Experiment, rows: Sequence[Row], grid: Iterable[Result], exp_dir: str) -> None:
+    """Prints the recommended ``amp:`` block and the reason, and writes the file."""
+    configs: dict[str, dict[str, object]] = {}  # trial_id -> its final config's AMP block
     for result in grid:
         block = lookup(result.config, ("learner_config_dict", AMP_CONFIG_KEY))
         trial_id = (result.metrics or {}).get("trial_id")
         if isinstance(block, Mapping) and trial_id is not None:
-            out[trial_id] = {k: v for k, v in block.items() if isinstance(v, (int, float, str))}
-    return out
-
-
-def report(exp: Experiment, rows: Sequence[Row], grid: Iterable[Result], exp_dir: str) -> None:
-    """Prints the recommended ``amp:`` block and the reason, and writes the file."""
-    rec = recommend(
-        of_experiment(exp, rows),
-        metric=exp.tune["metric"],
-        base=exp.data["amp"],
-        configs=amp_blocks(grid),
-    )
+            configs[trial_id] = {k: v for k, v in block.items() if isinstance(v, (int, float, str))}
+    groups = of_experiment(exp, rows)
+    rec = recommend(groups, metric=exp.tune["metric"], base=exp.data["amp"], configs=configs)
     if rec is None:
         print("No recommended AMP settings: no trial finished with a metric.")
         return

@@ -67,10 +67,8 @@ def config_path(dotted: str, config: Mapping[str, object]) -> tuple[str, ...]:
     if top in fixed or top == "env_config":
         return (*fixed.get(top, (top,)), *parts)
     head = parts[0] if parts else top
-    for candidate in (head, f"_{head}", head.rstrip("_")):
-        if candidate in config:
-            return (candidate, *parts[1:])
-    return (head, *parts[1:])
+    found = next((c for c in (head, f"_{head}", head.rstrip("_")) if c in config), head)
+    return (found, *parts[1:])
 
 
 def lookup(d: Mapping[str, object] | None, path: str | Sequence[str]) -> object:
@@ -192,6 +190,7 @@ def summarize(
     rows = []
     metric = exp.tune["metric"]
     threshold = target(exp)
+    reached_key, time_key = target_columns(threshold) if threshold is not None else ("", "")
     for result in grid:
         cfg = result.config or {}
         final = result.metrics or {}
@@ -199,9 +198,11 @@ def summarize(
         steps, total = lookup(final, STEPS_KEY), finite(lookup(final, "time_total_s"))
         seed = cfg.get("seed")
         error_file = f"{result.path.rstrip('/')}/error.txt" if result.path else None
+        # A trial that never reported has Tune's placeholder metrics (trial_id "default"): its id
+        # (``abcde_00000``) is in its folder's name, ``{trainable}_{id}_{index}_{params}_{time}``.
+        named = re.search(r"_([0-9a-f]{5}_\d{5})(?:_|$)", os.path.basename(result.path or ""))
         row: dict[str, object] = {
-            # A trial that never reported has Tune's placeholder metrics (trial_id "default").
-            "trial_id": _trial_id(result.path) or final.get("trial_id"),
+            "trial_id": named.group(1) if named else final.get("trial_id"),
             **{key: lookup(cfg, config_path(key, cfg)) for key in exp.search},
             "seed": seed if seed is not None else exp.data.get("seed"),
             "base_seed": exp.data.get("seed"),
@@ -219,10 +220,8 @@ def summarize(
         }
         row.update(skip_warnings(frame, final, cfg))
         if threshold is not None:
-            steps_key, time_key = target_columns(threshold)
-            row[steps_key], row[time_key] = first_reached(frame, metric, threshold)
+            row[reached_key], row[time_key] = first_reached(frame, metric, threshold)
         rows.append(row)
-    reached_key = target_columns(threshold)[0] if threshold is not None else ""
     sign = -1.0 if exp.tune["mode"] == "max" else 1.0
 
     def order(r: Row) -> tuple[bool, float, bool, float]:
@@ -238,13 +237,6 @@ def summarize(
 
 def _on(storage: str | None, path: str | None) -> str | None:
     return files.to_uri(storage, path) if storage and path else path
-
-
-def _trial_id(trial_dir: str | None) -> str | None:
-    """A trial's id from its folder name, for a trial that never reported a result: Tune
-    names the folder ``{trainable}_{trial id}_{index}_{params}_{time}``, ids ``abcde_00000``."""
-    found = re.search(r"_([0-9a-f]{5}_\d{5})(?:_|$)", os.path.basename(trial_dir or ""))
-    return found.group(1) if found else None
 
 
 def skip_warnings(frame: pd.DataFrame | None, final: Row, cfg: Row) -> dict[str, object]:
