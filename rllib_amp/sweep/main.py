@@ -31,6 +31,7 @@ from rllib_amp.cli import (
     signal_exit_status,
 )
 from rllib_amp.sweep import lock as experiment_lock
+from rllib_amp.sweep import resources as sweep_resources
 from rllib_amp.sweep import resume as sweep_resume
 from rllib_amp.sweep import storage as sweep_storage
 from rllib_amp.sweep import transcript
@@ -63,17 +64,15 @@ def run(argv: Sequence[str] | None = None) -> int:
                 f"or pass --max-trials {trials} to run them all"
             )
         with RllibNotices() as notices:  # shown once the trials start: a refusal stays one line
-            return _checked_run(args, exp, trials, notices)
+            checked = experiment.preflight(exp)  # what --dry-run proves, and a real run before Ray
+            return _checked_run(args, exp, trials, checked, notices)
     except experiment.ExperimentError as e:
         raise UsageError(str(e)) from None
 
 
 def _checked_run(
-    args: argparse.Namespace, exp: Experiment, trials: int, notices: RllibNotices
+    args: argparse.Namespace, exp: Experiment, trials: int, checked: str, notices: RllibNotices
 ) -> int:
-    from rllib_amp import experiment
-
-    checked = experiment.preflight(exp)  # what --dry-run proves, and a real run before Ray
     storage = sweep_storage.resolve(args.storage_path, exp.get("storage_path"))
     if args.resume:  # Tune's own reads would wait minutes on a dead endpoint, then say "none"
         sweep_storage.check_reachable(storage)
@@ -85,9 +84,15 @@ def _checked_run(
     spec = sweep_resume.run_spec(exp, args.num_samples)
     if args.resume:
         sweep_resume.check_unchanged(files.join(storage, str(name)), spec, args.accept_changes)
-    if args.dry_run:
-        name = name or sweep_resume.timestamped(exp.name)  # --dry-run touches no storage
-        _print_dry_run(exp, files.join(storage, name), trials, checked)
+    if args.dry_run:  # touches no storage
+        exp_dir = files.join(storage, name or sweep_resume.timestamped(exp.name))
+        print(f"# experiment {exp.path} -> {exp_dir}")
+        print(sweep_resume.dump(exp.resolved()).decode().rstrip())
+        print("# search space")
+        for key, sampler in exp.search.items():
+            print(f"{key}: {sampler.to_dict()}")
+        print(f"# trials: {trials}")
+        print(f"# pre-flight: {checked}")
         return 0
 
     address, where = ray_address(args)
@@ -137,22 +142,11 @@ def _ray_died_line(stop: StopOnSignals) -> str:
 
 
 def _ray_died_stuck(stop: StopOnSignals, what: str) -> None:
-    """Before ``LocalRayWatchdog`` ends a command stuck in a call to the dead Ray: the line,
-    the locks released."""
+    """Says Ray died and releases the locks, before the watchdog ends a command stuck on it."""
     stop.ray_dead = stop.ray_dead or what
     say(_ray_died_line(stop))
     for location in list(experiment_lock._held):
         experiment_lock.unlock(location)
-
-
-def _print_dry_run(exp: Experiment, exp_dir: str, trials: int, checked: str) -> None:
-    print(f"# experiment {exp.path} -> {exp_dir}")
-    print(sweep_resume.dump(exp.resolved()).decode().rstrip())
-    print("# search space")
-    for key, sampler in exp.search.items():
-        print(f"{key}: {sampler.to_dict()}")
-    print(f"# trials: {trials}")
-    print(f"# pre-flight: {checked}")
 
 
 def _tune(
@@ -172,7 +166,6 @@ def _tune(
     import ray
 
     from rllib_amp.sweep import grafana
-    from rllib_amp.sweep import resources as sweep_resources
 
     # A local Ray (no autoscaler) is all a trial can ever get. One this command starts is
     # sized before it starts: a trial that can never fit fails within seconds, not a Ray start.
@@ -250,9 +243,8 @@ def _build_tuner(
     except Exception as e:  # noqa: BLE001 - before any trial: every failure is exit 2
         if args.resume:
             raise UsageError(
-                f"--resume: restoring the experiment at {exp_dir} failed "
-                f"({root_error(e)}); if its files are damaged, start anew with another "
-                f"--name"
+                f"--resume: restoring the experiment at {exp_dir} failed ({root_error(e)}); if "
+                f"its files are damaged, start anew with another --name"
             ) from None
         raise UsageError(
             f"--config: setting up Tune failed ({root_error(e)}); fix the value it names "
@@ -280,7 +272,6 @@ def _report(
 
     exp_dir = files.join(storage, name)
     parquet = files.join(exp_dir, sweep_resume.RESULTS_FILE)
-    resume = stop.resume_command
     results = [grid[i] for i in range(len(grid))]  # a ResultGrid is indexed, not iterable
     rows = summary.summarize(exp, results, storage)
     fault = sweep_storage.storage_fault(exp_dir, rows)
@@ -288,7 +279,7 @@ def _report(
         print(summary.format_table(exp, rows))
         if summary.try_write_parquet(rows, parquet):
             print(f"Results: {parquet}")
-        say(f"{fault}; free space or fix the storage, then continue with: {resume}")
+        say(f"{fault}; free space or fix the storage, then continue with: {stop.resume_command}")
         return signal_exit_status(interrupted) if interrupted else 1
     summary.write_parquet(rows, parquet)
     print()
@@ -314,7 +305,7 @@ def _report(
         say(_ray_died_line(stop))
         return 1
     if unfinished or interrupted:
-        print(f"{len(unfinished)} trial(s) did not finish; continue with: {resume}")
+        print(f"{len(unfinished)} trial(s) did not finish; continue with: {stop.resume_command}")
     for r in failed:
         where = f" (traceback: {r['error_file']})" if r.get("error_file") else ""
         print(f"trial {r['trial_id']} failed: {r['error']}{where}")
@@ -328,8 +319,6 @@ def _fit_resources(
 ) -> Experiment:
     """A trial that does not fit a local Ray would stay PENDING forever: exit 2, or with
     --fit-to-machine scale it down."""
-    from rllib_amp.sweep import resources as sweep_resources
-
     if not args.fit_to_machine:
         sweep_resources.check_fits(exp, capacity)
         return exp

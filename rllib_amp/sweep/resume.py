@@ -76,13 +76,9 @@ def runs_of(base: str, storage: str) -> list[str]:
         entries = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
     except OSError:
         return []
-    keyed = []
-    for entry in entries:
-        match = pattern.fullmatch(entry.base_name)
-        if match and entry.type == pyarrow.fs.FileType.Directory:
-            stamp, n = match.groups()
-            keyed.append(((stamp or "", int(n or 1)), entry.base_name))
-    return [name for _, name in sorted(keyed)]
+    folders = (e.base_name for e in entries if e.type == pyarrow.fs.FileType.Directory)
+    runs = [match for match in map(pattern.fullmatch, folders) if match]
+    return [m[0] for m in sorted(runs, key=lambda m: (m[1] or "", int(m[2] or 1), m[0]))]
 
 
 def newest_run(base: str, storage: str) -> str | None:

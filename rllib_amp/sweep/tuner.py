@@ -89,9 +89,8 @@ def build_tuner(
             resume_errored=True,
             param_space=param_space.to_dict(),  # what Tune makes of an AlgorithmConfig
         )
-    t = exp.tune
+    t, ck = exp.tune, exp.checkpoint
     scheduler = schedulers.scheduler(exp, config_path)
-    ck = exp.checkpoint
     run_config = tune.RunConfig(
         name=name,
         storage_path=storage,
@@ -169,9 +168,8 @@ class StopOnSignals:
 
     def install(self) -> None:
         """Puts this object's handler on SIGINT, SIGTERM and SIGHUP."""
-        if self._previous:
-            for s in self._previous:
-                signal.signal(s, self._stop)
+        for s in self._previous:
+            signal.signal(s, self._stop)
 
     def fit(self, tuner: Tuner) -> tuple[ResultGrid, int]:
         """``tuner.fit()`` and the signal that stopped it (0: none)."""
