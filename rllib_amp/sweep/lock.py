@@ -30,8 +30,9 @@ from rllib_amp.cli import UsageError
 LOCK_FILE = "rllib_amp.lock"
 # What a lock file holds: {"host": ..., "pid": ...}; {} when being written or unreadable.
 Owner = dict[str, object]
-_held: dict[str, filelock.BaseFileLock | None] = {}  # this process's locks (local: FileLock)
-_made_folders: set[str] = set()  # folders a lock made: removed with it while empty
+# This process's locks: the FileLock (None on an object store), and whether the lock made its
+# folder (removed with it while empty: a start refused later leaves nothing).
+_held: dict[str, tuple[filelock.BaseFileLock | None, bool]] = {}
 
 
 @contextlib.contextmanager
@@ -50,14 +51,11 @@ def lock(storage: str, name: str, where: str = "--name") -> None:
     a killed command is taken over with a line saying so."""
     location = files.join(storage, name, LOCK_FILE)
     fs, path = files.resolve(location)
-    # A folder the lock brings into being goes with it: a start refused later leaves nothing.
     new_folder = not files.is_uri(location) and not os.path.exists(os.path.dirname(path))
     for _ in range(3):
         if (owner := _holder(fs, path)) is not None:
             break
-        if _take(name, location, fs, path):
-            if new_folder:
-                _made_folders.add(os.path.dirname(location))
+        if _take(name, location, fs, path, new_folder):
             return
     else:
         owner = _holder(fs, path)
@@ -76,20 +74,19 @@ def check_unlocked(storage: str, name: str, where: str) -> None:
 
 def unlock(location: str) -> None:
     """Removes the lock at ``location`` if this process holds it."""
-    held = _held.pop(location, None)
+    held, made_folder = _held.pop(location, (None, False))
     with contextlib.suppress(OSError, ValueError):
         fs, path = files.resolve(location)
         if held is not None or _holder(fs, path) == _me():
             files.delete_file(fs, path)  # before the release: nobody else has it open yet
     if held is not None:
         held.release()
-    if (folder := os.path.dirname(location)) in _made_folders:
-        _made_folders.discard(folder)
+    if made_folder:
         with contextlib.suppress(OSError):
-            os.rmdir(folder)  # only if empty: a run's files keep it
+            os.rmdir(os.path.dirname(location))  # only if empty: a run's files keep it
 
 
-def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str) -> bool:
+def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str, new_folder: bool) -> bool:
     """Makes this process the lock's owner; False when another took it in between."""
     held = None
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
@@ -115,7 +112,7 @@ def _take(name: str, location: str, fs: pyarrow.fs.FileSystem, path: str) -> boo
                 f"running ({shown})"
             )
     files.write_bytes(fs, path, json.dumps(_me()).encode())  # the owner a refusal names
-    _held[location] = held
+    _held[location] = (held, new_folder)
     return True
 
 
@@ -126,14 +123,12 @@ def _holder(fs: pyarrow.fs.FileSystem, path: str) -> Owner | None:
     if local:
         if not os.path.exists(path):
             return None
-        probe = filelock.FileLock(path)
-        try:
-            probe.acquire(timeout=0)
-        except (filelock.Timeout, PermissionError):  # held (or another user's): it names them
-            pass
-        else:
-            probe.release()
-            return None
+        # Held (or another user's: PermissionError): the file names the holder.
+        with (
+            contextlib.suppress(filelock.Timeout, PermissionError),
+            filelock.FileLock(path, timeout=0),
+        ):
+            return None  # no process holds it
     try:
         owner = _decoded(files.read_bytes(fs, path))
     except OSError:
@@ -144,7 +139,7 @@ def _holder(fs: pyarrow.fs.FileSystem, path: str) -> Owner | None:
 
 
 def _decoded(data: bytes) -> Owner:
-    with contextlib.suppress(UnicodeDecodeError, ValueError):
+    with contextlib.suppress(ValueError):  # UnicodeDecodeError and JSONDecodeError too
         if isinstance(owner := json.loads(data.decode("utf-8")), dict):
             return owner
     return {}

@@ -51,13 +51,13 @@ def ray_address(args: argparse.Namespace) -> tuple[str | None, str]:
 def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIMEOUT_S) -> None:
     """UsageError naming ``where`` and the fix when nothing Ray-like answers at ``address``
     (malformed, unknown, refused, silent, not gRPC), before ``ray.init`` waits on it."""
+    if address == "local":
+        return
     local = "unset RAY_ADDRESS" if where == "RAY_ADDRESS" else "drop --address"
     fix = (
         f"start the cluster (ray start --head) or pass the address it printed, or {local} to "
         f"run on a local Ray"
     )
-    if address == "local":
-        return
     target = address
     if address == "auto":
         from ray._private import services
@@ -68,8 +68,13 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
             raise UsageError(
                 f"{where}: auto found no Ray cluster ({root_error(e)}); {fix}"
             ) from None
-    host, port = _host_port(target)
-    if host is None or port is None:
+    try:
+        u = urllib.parse.urlsplit(target if "://" in target else f"ray://{target}")
+        host, port = u.hostname, u.port
+        bad = u.scheme != "ray" or u.path not in ("", "/") or bool(u.query or u.fragment)
+    except ValueError:
+        host, port, bad = None, None, True
+    if bad or not host or not port:
         raise UsageError(
             f"{where}: got {address!r}; expected auto, HOST:PORT or ray://HOST:PORT "
             f"(e.g. 127.0.0.1:6379)"
@@ -91,16 +96,6 @@ def probe_address(address: str, where: str, timeout_s: float = ADDRESS_PROBE_TIM
             f"the address `ray start --head` printed (GCS port 6379 by default, or "
             f"ray://HOST:10001 for Ray Client)"
         )
-
-
-def _host_port(address: str) -> tuple[str | None, int | None]:
-    try:
-        u = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
-        port = u.port
-    except ValueError:
-        return None, None
-    bad = u.scheme != "ray" or not u.hostname or not port or u.path not in ("", "/")
-    return (None, None) if bad or u.query or u.fragment else (u.hostname, port)
 
 
 # What ray/_private/node.py raises once a new raylet has not registered within its fixed 30 s.

@@ -77,18 +77,12 @@ def scheduler(exp: Experiment, config_path: ConfigPath) -> TrialScheduler | None
     if exp.tune["scheduler"] != "pbt":
         return None
     sample = exp.algorithm_config().to_dict()
-    pbt = exp.tune["pbt"]
+    mutations = {config_path(k, sample): v for k, v in builder.mutation_space(exp.data).items()}
     bounds = builder.mutation_bounds(exp.data)
     return tune.schedulers.PopulationBasedTraining(
-        # metric and mode come from the TuneConfig (Tune refuses them twice).
+        # metric and mode come from the TuneConfig (Tune refuses them twice); tune.pbt holds
+        # PopulationBasedTraining's own arguments (experiment/pbt.py: PBT_DEFAULTS).
         time_attr="training_iteration",
-        perturbation_interval=pbt["perturbation_interval"],
-        burn_in_period=pbt["burn_in_period"],
-        quantile_fraction=pbt["quantile_fraction"],
-        resample_probability=pbt["resample_probability"],
-        synch=pbt["synch"],
-        hyperparam_mutations=nest(
-            {config_path(k, sample): v for k, v in builder.mutation_space(exp.data).items()}
-        ),
+        **{**exp.tune["pbt"], "hyperparam_mutations": nest(mutations)},
         custom_explore_fn=KeepInRange({config_path(k, sample): b for k, b in bounds.items()}),
     )

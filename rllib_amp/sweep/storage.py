@@ -17,19 +17,14 @@ import posixpath
 import re
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import pyarrow.fs
 
 from rllib_amp import fs as files
 from rllib_amp.cli import root_error
 
-if TYPE_CHECKING:
-    import ray
-
 DEFAULT_STORAGE = "~/ray_results"
-# Set on every node of a cluster (see cluster.yaml) so the CLI writes to shared storage by
-# default; an experiment file's storage_path and --storage-path win over it.
+# Set on every node of a cluster (cluster.yaml): shared storage by default (see resolve).
 STORAGE_ENV = "RLLIB_AMP_STORAGE"
 FIX = (
     "use storage every node can reach: an s3:// or gs:// URI (--storage-path "
@@ -63,23 +58,18 @@ def resolve(flag: str | None, from_file: str | None, env: Mapping[str, str] | No
         '/mnt/nfs/exp'
     """
     env = os.environ if env is None else env
-    for where, value in (
+    given = (
         ("--storage-path", flag),
         ("storage_path", from_file),
         (STORAGE_ENV, env.get(STORAGE_ENV)),
-    ):
-        if value is None:
-            continue
-        if not value.strip():
-            raise StorageError(
-                f"{where}: got an empty location; pass a local path, a shared mount or a "
-                f"URI such as s3://BUCKET/experiments"
-            )
-        return _normalise(value.strip(), where)
-    return _normalise(DEFAULT_STORAGE, "default storage")
-
-
-def _normalise(location: str, where: str) -> str:
+        ("default storage", DEFAULT_STORAGE),
+    )
+    where, location = next((w, v.strip()) for w, v in given if v is not None)
+    if not location:
+        raise StorageError(
+            f"{where}: got an empty location; pass a local path, a shared mount or a "
+            f"URI such as s3://BUCKET/experiments"
+        )
     if not files.is_uri(location):
         try:
             return files.local_path(location)
@@ -202,7 +192,6 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
     if len(nodes) < 2:
         return len(nodes)
     reader = ray.remote(num_cpus=0, max_retries=0)(_read_marker)
-    failures = []
     try:
         with files.write_probe(location) as (marker, token):
             refs = {
@@ -212,15 +201,23 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
                 for n in nodes
             }
             ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-            for ref in [*pending, *ready]:
-                if (why := _unread(ref, ref in ready, token, timeout_s)) is not None:
-                    node = refs[ref]
-                    where = f"node {node['NodeID'][:8]} at {node.get('NodeManagerAddress', '?')}"
-                    failures.append(f"{where}: {why}")
+            whys = {ref: f"no answer within {timeout_s:.0f} s" for ref in pending}
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            for ref in ready:
+                try:
+                    if ray.get(ref) != token:
+                        whys[ref] = "read a different file at that path"
+                except Exception as e:  # the task's error says why this node cannot read it
+                    whys[ref] = files.error_line(getattr(e, "cause", None) or e)
     except (OSError, ValueError) as e:
         raise StorageError(
             f"--storage-path: cannot write to {location} ({files.error_line(e)}); {FIX}"
         ) from None
+    failures = [
+        f"node {refs[ref]['NodeID'][:8]} at {refs[ref].get('NodeManagerAddress', '?')}: {why}"
+        for ref, why in whys.items()
+    ]
     if failures:
         raise StorageError(
             f"--storage-path: {location} is not reachable from {len(failures)} of "
@@ -228,19 +225,6 @@ def check_reachable_from_nodes(location: str, *, timeout_s: float = REACH_TIMEOU
             f"checkpoints; {FIX}"
         )
     return len(nodes)
-
-
-def _unread(ref: ray.ObjectRef[bytes], ready: bool, token: bytes, timeout_s: float) -> str | None:
-    import ray
-
-    if not ready:
-        ray.cancel(ref, force=True)
-        return f"no answer within {timeout_s:.0f} s"
-    try:
-        got = ray.get(ref)
-    except Exception as e:  # the task's error says why this node cannot read it
-        return files.error_line(getattr(e, "cause", None) or e)
-    return None if got == token else "read a different file at that path"
 
 
 @contextlib.contextmanager
