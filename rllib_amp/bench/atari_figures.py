@@ -27,8 +27,7 @@ from rllib_amp.envs.atari import NATIVE, WRAPPERS
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-# RAW_ALE: ALE's vector env alone (no network, no RLlib), the limit the other rows are
-# fractions of.
+# ALE's vector env alone (no network, no RLlib): the limit the other rows are fractions of.
 RAW_ALE = "raw ALE"
 
 

@@ -74,16 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The flags of ``python -m rllib_amp.bench``."""
     p = Parser(prog=PROG, description="What AMP buys over stock RLlib, side by side in one run.")
     p.add_argument("--quick", action="store_true", help="full preset only, fewer reps, no parity")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if any")
-    p.add_argument("--algos", type=_algos, default=None, help=f"e.g. {','.join(WORKLOADS)}")
-    p.add_argument(
-        "--models", type=lambda t: _items(t, MODELS), default=None, help="mini,full,high"
-    )
-    p.add_argument("--reps", type=int, default=None, help="timed repetitions per variant")
-    p.add_argument("--json", default=None, help="also write the results as JSON here")
-    p.add_argument(
-        "--out", default=None, help=f"folder for {report.PARQUET_NAME} and {report.PLOT_NAME}"
-    )
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if any")
+    p.add_argument("--algos", type=_algos, help=f"e.g. {','.join(WORKLOADS)}")
+    p.add_argument("--models", type=lambda t: _items(t, MODELS), help="mini,full,high")
+    p.add_argument("--reps", type=int, help="timed repetitions per variant")
+    p.add_argument("--json", help="also write the results as JSON here")
+    p.add_argument("--out", help=f"folder for {report.PARQUET_NAME} and {report.PLOT_NAME}")
     return p
 
 

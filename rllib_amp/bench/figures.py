@@ -94,13 +94,12 @@ def memory_one(
     )
     work = WORKLOADS[algo]
     run = update_fn(learner, data["episodes"], work.minibatch, work.epochs)
+    run()  # warm-up, so lazily built state is in the baseline
     if device == "cuda":
-        run()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         run()
         return float(torch.cuda.max_memory_allocated() - base)
-    run()  # warm-up, so lazily built state is in the baseline
     before = rss_bytes()
     reset_peak_rss()
     run()
@@ -153,15 +152,10 @@ def train_interleaved(
 
 # -- figure 4: learning parity ----------------------------------------------------------------
 def bench_parity(
-    variants: Sequence[str], seeds: Sequence[int], budgets: Mapping[str, int] | None = None
+    variants: Sequence[str], seeds: Sequence[int]
 ) -> dict[str, dict[str, list[float]]]:
-    """CartPole return after a fixed env-step budget, per algorithm, variant and seed.
-
-    ``budgets`` (algorithm -> env steps) defaults to every ``PARITY`` run's own budget.
-    """
+    """CartPole return after each ``PARITY`` run's budget, per algorithm, variant and seed."""
     import numpy as np
-
-    steps = budgets or {name: run.env_steps for name, run in PARITY.items()}
 
     def final_return(algo: str, variant: str, seed: int) -> float:
         training = PARITY[algo].training
@@ -176,12 +170,12 @@ def bench_parity(
             buffer.rng = np.random.default_rng(seed)
         try:
             result: dict[str, Any] = {}
-            while result.get("num_env_steps_sampled_lifetime", 0) < steps[algo]:
+            while result.get("num_env_steps_sampled_lifetime", 0) < PARITY[algo].env_steps:
                 result = a.train()
             return float(result["env_runners"]["episode_return_mean"])
         finally:
             a.stop()
 
     return {
-        algo: {v: [final_return(algo, v, s) for s in seeds] for v in variants} for algo in steps
+        algo: {v: [final_return(algo, v, s) for s in seeds] for v in variants} for algo in PARITY
     }

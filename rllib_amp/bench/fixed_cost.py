@@ -1,18 +1,15 @@
 """The learner's fixed cost per minibatch: a PPO update with almost no arithmetic.
 
-CartPole-v1 with an MLP of one hidden layer of 8 units, train batch 4096, minibatch 256: what
-an update step costs beyond the network is Python, RLlib's bookkeeping and (with rllib-amp)
-the scaler's. A GPU pays that on every minibatch whatever the network, so it is what bounds
-rllib-amp's speed-up on a fast device.
+CartPole-v1, an MLP of one hidden layer of 8 units, batch 4096, minibatch 256: what a step
+costs beyond the network is Python, RLlib's bookkeeping and (with rllib-amp) the scaler's. A
+GPU pays that on every minibatch whatever the network: it bounds rllib-amp's speed-up there.
 
-The figure is ms per minibatch step, from the difference of two updates on the same batch
-that differ only in their number of epochs: the learner connector's pass (GAE), the update's
-set-up and its metrics reduce are paid once by both and cancel, so what is left is the
-per-minibatch loop (minibatch gather, forward, loss, backward, unscale, clip, step, and the
-per-minibatch metrics). The steps are counted from the learner (``StepCounter``), not from
-the batch size: PPO's learner connector adds one timestep per episode
-(``AddOneTsToEpisodesAndTruncate``), so a batch of 4096 env steps trains on 4096 plus the
-number of episodes rows, and RLlib's cyclic iterator takes more than 16 minibatches an epoch.
+The figure is ms per minibatch step, from two updates on the same batch that differ only in
+their epochs: what both pay once (the learner connector's GAE pass, set-up, metrics reduce)
+cancels, leaving the per-minibatch loop (gather, forward, loss, backward, unscale, clip, step,
+metrics). The steps are counted from the learner (``StepCounter``): PPO's learner connector
+adds one timestep per episode (``AddOneTsToEpisodesAndTruncate``), so RLlib's cyclic iterator
+takes more than batch / minibatch steps an epoch.
 
 Example:
     >>> FIXED_COST.label()
@@ -61,7 +58,8 @@ FIXED_COST = FixedCostWorkload("CartPole-v1", (8,), 4096, 256, (1, 5))
 
 
 class FixedCostRecord(TypedDict):
-    """One repetition: seconds and counted minibatch steps of the short and the long update."""
+    """One repetition: seconds and counted minibatch steps of the short and the long update,
+    and ``per_step_s``: their difference in seconds over their difference in steps."""
 
     short_s: float
     short_steps: int
@@ -151,10 +149,8 @@ def timed_update(
 def bench_fixed_cost(
     variants: Sequence[str], device: str, reps: int, work: FixedCostWorkload = FIXED_COST
 ) -> dict[str, list[FixedCostRecord]]:
-    """The raw figures per variant: one record per repetition, variants interleaved in one
-    process after warm-up rounds (``timed_update`` says which clock). A record holds the
-    seconds and counted minibatch steps of the short and the long update, and ``per_step_s``:
-    their difference in seconds over their difference in steps.
+    """One ``FixedCostRecord`` per variant and repetition, variants interleaved in one process
+    after warm-up rounds (``timed_update`` says which clock).
 
     Example:
         >>> bench_fixed_cost(("fp32", "amp-auto"), "cpu", reps=5)  # doctest: +SKIP

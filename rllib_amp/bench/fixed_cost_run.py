@@ -3,9 +3,8 @@ JSON file, and the table docs/benchmark.md shows, built from that file.
 
 Each run is a fresh process (``harness.in_child``) that interleaves the variants over
 ``--reps`` repetitions (``fixed_cost.bench_fixed_cost``); the file keeps every repetition's
-record (seconds and counted minibatch steps of the short and the long update), the machine
-line, the load average before and after each run, and the command. ``--table FILE`` prints
-the markdown table of a file written before, without measuring.
+``FixedCostRecord``, the machine line, each run's load average before and after, and the
+command. ``--table FILE`` prints the markdown table of a file written before, without measuring.
 
 Example:
     >>> data = {"runs": [{"fixed_cost": {"fp32": [0.002, 0.0024], "amp-auto": [0.0021]}}]}

@@ -151,12 +151,11 @@ def _run(argv: Sequence[str] | None) -> int:
     parser.add_argument("--steps", type=int, default=4096)
     parser.add_argument("--model", default="full")
     parser.add_argument("--cpus", type=int, default=2)
-    parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--torch-threads", type=int)
     parser.add_argument("--samplers", default=",".join((RLLIB, BATCHED)))
     parser.add_argument(
         "--omp-wait-policy",
         choices=("passive", "active"),
-        default=None,
         help="OMP_WAIT_POLICY of the measuring processes (default: as inherited). passive: "
         "idle torch threads sleep instead of spinning (see docs/performance.md)",
     )
@@ -182,13 +181,7 @@ def _run(argv: Sequence[str] | None) -> int:
     for s, r in runs.items():
         figures = {"steps_per_s": [w for w, _ in r], "steps_per_cpu_s": [c for _, c in r]}
         report[s] = {
-            k: {
-                "runs": v,
-                "median": statistics.median(v),
-                "min": min(v),
-                "max": max(v),
-                "n": len(v),
-            }
+            k: dict(runs=v, median=statistics.median(v), min=min(v), max=max(v), n=len(v))
             for k, v in figures.items()
         }
     print(json.dumps(report, indent=1))
