@@ -382,7 +382,7 @@ class BatchedAleEnvRunner(AmpEnvRunnerMixin, SingleAgentEnvRunner):
             extra_model_outputs=extras,
             t_started=base.t_started,
         )
-        episode._custom_data = base.custom_data
+        episode.custom_data.update(base.custom_data)
         episode._start_time = base._start_time or arrays.times[int(rows[0])]  # type: ignore[assignment]
         episode._last_step_time = arrays.times[last]  # type: ignore[assignment]
         return episode

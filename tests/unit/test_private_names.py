@@ -142,7 +142,6 @@ def test_episode_fields_the_batched_sampler_sets():
     from rllib_amp.envs import batched_runner
 
     episode = SingleAgentEpisode()
-    assert episode._custom_data == {} and episode.custom_data is episode._custom_data
     assert episode._start_time is None and episode._last_step_time is None
     episode._start_time, episode._last_step_time = 1.0, 3.5
     assert episode.get_duration_s() == 2.5

@@ -169,7 +169,6 @@ def test_learner_internals_we_read_exist_after_build():
     assert list(lrn._optimizer_parameters) == [opt]
     assert lrn.get_optimizers_for_module(ALL_MODULES) == []
     assert lrn._lr_scheduler_classes is None and lrn._lr_schedulers == {}
-    assert isinstance(lrn._device, torch.device) and lrn.device is lrn._device
 
 
 def test_value_pass_calls_each_modules_compute_values():
