@@ -1,8 +1,9 @@
 """EnvRunners whose forward passes (action computation) run under autocast.
 
 ``with_amp`` sets these as the config's ``env_runner_cls`` (unless you set your own), in
-``AmpSettings.inference_dtype``: "auto" is the hardware's fast 16-bit type on a GPU, and on a
-CPU only from 16 envs per EnvRunner (smaller forward passes are faster in float32). Outputs
+``AmpSettings.inference_dtype``: "auto" is the hardware's fast 16-bit type on a GPU; on a CPU
+with native bfloat16, bfloat16 only where a short timing of the module's own forward pass at
+the EnvRunner's batch size, when the runner starts, shows it faster than float32. Outputs
 are cast back to float32 before RLlib's connectors sample actions and compute log-probs.
 
 Example:
@@ -15,15 +16,25 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-from rllib_amp.learner.precision import Precision, resolve_inference, to_float32
+from rllib_amp.learner.precision import (
+    InferenceTiming,
+    Precision,
+    resolve_inference,
+    time_forward,
+    to_float32,
+)
 from rllib_amp.log_events import event
 from rllib_amp.settings import settings_from_config
 
@@ -95,6 +106,27 @@ def forget_rllib_env_ids() -> None:
         gym.registry.pop(env_id, None)
 
 
+def inference_timing(module: Any, batch: int) -> InferenceTiming:
+    """For ``resolve_inference``: times ``module.forward_inference`` on ``batch`` observations
+    drawn from its Box observation space; None where it cannot (another space, a stateful
+    module, a forward pass that fails on the drawn batch: the batch rule then decides)."""
+
+    def timing() -> tuple[float, float] | None:
+        space = getattr(module, "observation_space", None)
+        if not isinstance(space, gym.spaces.Box) or module.is_stateful():
+            return None
+        draw = copy.deepcopy(space)  # its own random state: the env's space keeps its draws
+        draw.seed(0)
+        batch_ = {Columns.OBS: torch.from_numpy(np.stack([draw.sample() for _ in range(batch)]))}
+        try:
+            return time_forward(lambda: module.forward_inference(batch_))
+        except Exception as e:  # noqa: BLE001 - a module this cannot feed
+            logger.debug("rllib_amp: no inference timing (%s: %s)", type(e).__name__, e)
+            return None
+
+    return timing
+
+
 class AmpEnvRunnerMixin:
     """Puts every RLModule of an EnvRunner under the configured inference precision."""
 
@@ -112,12 +144,13 @@ class AmpEnvRunnerMixin:
         settings = settings_from_config(runner.config)
         device = getattr(self, "_device", None) or "cpu"
         batch = int(getattr(runner.config, "num_envs_per_env_runner", 1) or 1)
-        precision = resolve_inference(settings, device, batch=batch)
+        multi = hasattr(runner.module, "values")
+        timing = None if multi else inference_timing(runner.module, batch)
+        precision = resolve_inference(settings, device, batch=batch, timing=timing)
         self.amp_inference_precision = precision
-        modules = runner.module.values() if hasattr(runner.module, "values") else [runner.module]
-        for module in modules:
+        for module in runner.module.values() if multi else [runner.module]:
             autocast_forwards(module, precision)
-        logger.debug("rllib_amp: env runner inference in %s", precision.describe())
+        logger.info("rllib_amp: env runner inference in %s", precision.describe())
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
         # One autocast region around the whole call: torch caches each weight's 16-bit copy

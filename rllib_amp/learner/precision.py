@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -199,8 +202,41 @@ def resolve(
 
 # Below this many observations per forward pass, CPU inference is faster in float32: the
 # casts cost more than bfloat16 saves (the measurement: docs/performance.md, "Figures behind
-# the code's thresholds").
+# the code's thresholds"). Where the EnvRunner can time its own module, the timing decides.
 CPU_BF16_MIN_INFERENCE_BATCH = 16
+# bfloat16 inference must beat float32 by this factor in the startup timing to be chosen: a
+# tie keeps float32 (AMP never slower).
+CPU_BF16_MIN_SPEEDUP = 1.05
+# Forward-pass times in ms: (float32, bfloat16 autocast), measured on the module itself; None
+# where it cannot be measured.
+InferenceTiming = Callable[[], "tuple[float, float] | None"]
+
+
+def time_forward(
+    forward: Callable[[], object], *, reps: int = 5, calls: int = 3
+) -> tuple[float, float]:
+    """(float32 ms, bfloat16-autocast ms) per ``forward()`` call on this CPU: medians of
+    ``reps`` interleaved rounds of ``calls`` calls each, after one warm-up round, without
+    autograd. The bfloat16 rounds share one autocast region, as ``sample()`` does (the weights
+    are cast once, not per call).
+
+    Example:
+        >>> lin, x = nn.Linear(8, 8), torch.ones(4, 8)
+        >>> fp32_ms, bf16_ms = time_forward(lambda: lin(x), reps=1, calls=1)
+        >>> fp32_ms > 0 and bf16_ms > 0
+        True
+    """
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for round_ in range(reps + 1):
+            for bf16 in (round_ % 2 == 0, round_ % 2 == 1):
+                with torch.autocast("cpu", enabled=bf16):
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        forward()
+                    if round_:  # round 0 warms both up
+                        times[bf16].append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def resolve_inference(
@@ -208,35 +244,55 @@ def resolve_inference(
     device: torch.device | str,
     *,
     batch: int = 1,
+    timing: InferenceTiming | None = None,
     cuda_capability: tuple[int, int] | None = None,
     cpu_bf16: bool | None = None,
 ) -> Precision:
     """The precision of EnvRunner forward passes (action computation; no loss scaling).
 
-    ``batch`` is how many observations one forward pass sees (envs per EnvRunner).
+    Args:
+        settings: The AMP settings; ``inference_dtype`` "auto" lets the hardware decide.
+        device: Where the forward passes run.
+        batch: How many observations one forward pass sees (envs per EnvRunner).
+        timing: On a CPU with native bfloat16, "auto" calls it once and picks bfloat16 only
+            when it is at least ``CPU_BF16_MIN_SPEEDUP`` times faster than float32 (CPUs with
+            the same flags differ: docs/benchmark.md). Without it, or when it returns None,
+            the batch rule decides.
+        cuda_capability: Overrides the GPU probe (tests fake it).
+        cpu_bf16: Overrides the CPU's native-bfloat16 probe (tests fake it).
 
     Example:
         >>> resolve_inference(AmpSettings(inference_dtype="float32"), "cpu").enabled
         False
+        >>> resolve_inference(AmpSettings(), "cpu", batch=16, cpu_bf16=True,
+        ...                   timing=lambda: (4.0, 9.0)).reason
+        'inference auto: float32 4.00 ms, bfloat16 9.00 ms per forward pass of 16 on this CPU'
     """
     kind = torch.device(device).type
     choice = settings.inference_dtype
     if settings.enabled is False or choice == "float32" or kind not in ("cpu", "cuda"):
         return Precision(torch.float32, kind, False, f"inference_dtype={choice}, AMP setting")
-    if choice == "auto":
-        if kind == "cpu" and batch < CPU_BF16_MIN_INFERENCE_BATCH:
-            why = f"{batch} observation(s) are faster in float32"
-            pays = f"bfloat16 pays from {CPU_BF16_MIN_INFERENCE_BATCH}"
-            return Precision(
-                torch.float32, kind, False, f"inference auto: CPU forward passes of {why} ({pays})"
-            )
-        # The same hardware rule as training, but never forced onto slow hardware.
-        p = resolve(
-            AmpSettings(enabled="auto"), device, cuda_capability=cuda_capability, cpu_bf16=cpu_bf16
+    if choice != "auto":
+        dtype = torch.float16 if choice == "float16" else torch.bfloat16
+        return Precision(dtype, kind, False, f"inference_dtype {choice} requested explicitly")
+    # The same hardware rule as training, but never forced onto slow hardware.
+    p = resolve(
+        AmpSettings(enabled="auto"), device, cuda_capability=cuda_capability, cpu_bf16=cpu_bf16
+    )
+    measured = timing() if kind == "cpu" and p.enabled and timing is not None else None
+    if measured is not None:
+        fp32_ms, bf16_ms = measured
+        faster = bf16_ms * CPU_BF16_MIN_SPEEDUP <= fp32_ms
+        times = f"float32 {fp32_ms:.2f} ms, bfloat16 {bf16_ms:.2f} ms per forward pass of {batch}"
+        dtype = torch.bfloat16 if faster else torch.float32
+        return Precision(dtype, kind, False, f"inference auto: {times} on this CPU")
+    if kind == "cpu" and p.enabled and batch < CPU_BF16_MIN_INFERENCE_BATCH:
+        why = f"{batch} observation(s) are faster in float32"
+        pays = f"bfloat16 pays from {CPU_BF16_MIN_INFERENCE_BATCH}"
+        return Precision(
+            torch.float32, kind, False, f"inference auto: CPU forward passes of {why} ({pays})"
         )
-        return Precision(p.dtype, kind, False, f"inference auto: {p.reason}")
-    dtype = torch.float16 if choice == "float16" else torch.bfloat16
-    return Precision(dtype, kind, False, f"inference_dtype {choice} requested explicitly")
+    return Precision(p.dtype, kind, False, f"inference auto: {p.reason}")
 
 
 def _float32_inputs(module: nn.Module, args: tuple[object, ...]) -> tuple[object, ...]:

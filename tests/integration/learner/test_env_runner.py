@@ -88,8 +88,6 @@ def test_the_wrapped_forward_returns_float32_tensors():
     [
         pytest.param({"enabled": False, "inference_dtype": "bfloat16"}, id="amp-disabled"),
         pytest.param({"dtype": "bfloat16", "inference_dtype": "float32"}, id="inference-float32"),
-        # "auto" keeps a CPU runner with one env in float32 (bfloat16 pays from 16 envs).
-        pytest.param({"dtype": "bfloat16"}, id="auto-one-cpu-env"),
     ],
 )
 def test_no_autocast_where_inference_stays_float32(amp):
@@ -99,6 +97,77 @@ def test_no_autocast_where_inference_stays_float32(amp):
         _sample(runner, steps=8)
         assert seen
         assert all(not on and out == torch.float32 for on, _, out in seen), seen
+
+
+@pytest.mark.parametrize(
+    ("fp32_ms", "bf16_ms", "dtype"),
+    [(1.0, 2.0, torch.float32), (1.0, 0.99, torch.float32), (2.0, 1.0, torch.bfloat16)],
+    ids=["bf16-slower", "bf16-within-5pct", "bf16-faster"],
+)
+def test_auto_inference_on_a_cpu_follows_the_timing_of_the_module(
+    monkeypatch, caplog, fp32_ms, bf16_ms, dtype
+):
+    """On a CPU with native bfloat16, "auto" times the runner's own module at its batch size
+    and keeps float32 unless bfloat16 is clearly faster; the INFO line gives both times."""
+    from rllib_amp.learner import env_runner, precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    timed: list[torch.Tensor] = []
+
+    def fake_time_forward(forward):
+        out = forward()  # the module's forward pass on the drawn batch
+        timed.append(out["action_dist_inputs"])
+        return fp32_ms, bf16_ms
+
+    monkeypatch.setattr(env_runner, "time_forward", fake_time_forward)
+    with caplog.at_level("INFO", logger=env_runner.__name__), _runner(dtype="bfloat16") as runner:
+        assert runner.amp_inference_precision.dtype == dtype
+        seen = _watch_layers(runner.module)
+        _sample(runner, steps=8)
+    assert len(timed) == 1 and timed[0].shape == (1, 2)  # one env, CartPole's two actions
+    assert all(on == (dtype == torch.bfloat16) for on, _, _ in seen), seen
+    lines = [r.getMessage() for r in caplog.records if "env runner inference" in r.getMessage()]
+    assert len(lines) == 1
+    assert f"float32 {fp32_ms:.2f} ms, bfloat16 {bf16_ms:.2f} ms per forward pass of 1" in lines[0]
+
+
+def test_auto_inference_times_the_real_module(monkeypatch):
+    from rllib_amp.learner import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    config = with_amp(tiny_config("PPO"), dtype="bfloat16")
+    config.env_runners(num_envs_per_env_runner=2)
+    runner = config.env_runner_cls(config=config)
+    try:
+        reason = runner.amp_inference_precision.reason
+        assert "ms per forward pass of 2 on this CPU" in reason, reason
+    finally:
+        runner.stop()
+
+
+def test_the_timing_draws_from_a_copy_of_the_space_and_gives_up_on_other_spaces():
+    import gymnasium as gym
+
+    from rllib_amp.learner.env_runner import inference_timing
+
+    class Module(torch.nn.Module):
+        def __init__(self, space):
+            super().__init__()
+            self.observation_space, self.net = space, torch.nn.Linear(4, 2)
+
+        def is_stateful(self):
+            return False
+
+        def forward_inference(self, batch):
+            return {"logits": self.net(batch["obs"].float())}
+
+    space = gym.spaces.Box(-1.0, 1.0, (4,), seed=7)
+    fp32_ms, bf16_ms = inference_timing(Module(space), 3)()
+    assert fp32_ms > 0 and bf16_ms > 0
+    assert (space.sample() == gym.spaces.Box(-1.0, 1.0, (4,), seed=7).sample()).all()
+    assert inference_timing(Module(gym.spaces.Discrete(4)), 3)() is None
+    # A module the drawn batch does not fit (its net wants 5 features): None, not an error.
+    assert inference_timing(Module(gym.spaces.Box(-1.0, 1.0, (5,))), 3)() is None
 
 
 def test_a_second_runner_of_an_env_class_does_not_re_register_rllibs_env_id():

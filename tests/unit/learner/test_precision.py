@@ -116,6 +116,54 @@ def test_inference_precision_auto_depends_on_device_and_batch():
     assert not resolve_inference(fp32, "cpu", batch=64, cpu_bf16=True).enabled
 
 
+def test_cpu_inference_auto_is_decided_by_the_timing_where_there_is_one():
+    from rllib_amp.learner.precision import resolve_inference
+
+    s = AmpSettings()
+
+    def timing(fp32_ms, bf16_ms, calls):
+        def measure():
+            calls.append(1)
+            return fp32_ms, bf16_ms
+
+        return measure
+
+    calls: list[int] = []
+    slower = resolve_inference(s, "cpu", batch=64, cpu_bf16=True, timing=timing(4.0, 9.0, calls))
+    assert not slower.enabled and "float32 4.00 ms, bfloat16 9.00 ms" in slower.reason
+    tie = resolve_inference(s, "cpu", batch=64, cpu_bf16=True, timing=timing(1.0, 0.96, calls))
+    assert not tie.enabled  # within 5%: float32
+    faster = resolve_inference(s, "cpu", batch=1, cpu_bf16=True, timing=timing(2.0, 1.0, calls))
+    assert faster.dtype == torch.bfloat16 and "per forward pass of 1 on this CPU" in faster.reason
+    assert len(calls) == 3
+    # None from the timing: the batch rule decides.
+    unmeasured = resolve_inference(s, "cpu", batch=16, cpu_bf16=True, timing=lambda: None)
+    assert unmeasured.dtype == torch.bfloat16 and "native bfloat16" in unmeasured.reason
+    # Never timed where the answer does not depend on it.
+    never = timing(1.0, 1.0, calls := [])
+    assert not resolve_inference(s, "cpu", batch=64, cpu_bf16=False, timing=never).enabled
+    gpu = resolve_inference(s, "cuda", batch=64, cuda_capability=(9, 0), timing=never)
+    assert gpu.dtype == torch.bfloat16
+    explicit = AmpSettings(inference_dtype="bfloat16")
+    assert resolve_inference(explicit, "cpu", cpu_bf16=True, timing=never).enabled
+    assert calls == []
+
+
+def test_time_forward_times_both_precisions_interleaved():
+    from rllib_amp.learner.precision import time_forward
+
+    seen: list[tuple[bool, bool]] = []
+
+    def forward():
+        seen.append((torch.is_autocast_enabled("cpu"), torch.is_inference_mode_enabled()))
+
+    fp32_ms, bf16_ms = time_forward(forward, reps=3, calls=2)
+    assert fp32_ms >= 0 and bf16_ms >= 0
+    assert seen.count((True, True)) == seen.count((False, True)) == 8  # (3 + warm-up) x 2
+    assert len(seen) == 16 and seen[:2] == [(True, True)] * 2  # round 0: bfloat16 first
+    assert not torch.is_autocast_enabled("cpu")
+
+
 # -- the CPU's native bfloat16: torch's private probes, and /proc/cpuinfo when they vanish --
 AMX_CPUINFO = "model name : Xeon\nflags : avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
 NO_BF16_CPUINFO = "model name : EPYC\nflags : avx2 fma\n"
