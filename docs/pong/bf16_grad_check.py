@@ -67,7 +67,10 @@ halves = (gradient(slice(0, n // 2), False), gradient(slice(n // 2, n), False))
 per_layer = {}
 for name, _ in params:
     c = compare({name: fp32[name]}, {name: bf16[name]})
-    per_layer[name] = {"cosine": round(c["cosine"], 6), "rel_norm_diff": round(c["rel_norm_diff"], 6)}
+    per_layer[name] = {
+        "cosine": round(c["cosine"], 6),
+        "rel_norm_diff": round(c["rel_norm_diff"], 6),
+    }
 res = {
     "checkpoint": ckpt,
     "n": n,
