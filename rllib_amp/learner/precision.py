@@ -279,19 +279,19 @@ def resolve_inference(
     p = resolve(
         AmpSettings(enabled="auto"), device, cuda_capability=cuda_capability, cpu_bf16=cpu_bf16
     )
-    measured = timing() if kind == "cpu" and p.enabled and timing is not None else None
-    if measured is not None:
-        fp32_ms, bf16_ms = measured
-        faster = bf16_ms * CPU_BF16_MIN_SPEEDUP <= fp32_ms
-        times = f"float32 {fp32_ms:.2f} ms, bfloat16 {bf16_ms:.2f} ms per forward pass of {batch}"
-        dtype = torch.bfloat16 if faster else torch.float32
-        return Precision(dtype, kind, False, f"inference auto: {times} on this CPU")
-    if kind == "cpu" and p.enabled and batch < CPU_BF16_MIN_INFERENCE_BATCH:
-        why = f"{batch} observation(s) are faster in float32"
-        pays = f"bfloat16 pays from {CPU_BF16_MIN_INFERENCE_BATCH}"
-        return Precision(
-            torch.float32, kind, False, f"inference auto: CPU forward passes of {why} ({pays})"
-        )
+    if kind == "cpu" and p.enabled:  # bfloat16 by the flags: does it pay at this batch?
+        if (measured := timing() if timing is not None else None) is not None:
+            fp32_ms, bf16_ms = measured
+            faster = bf16_ms * CPU_BF16_MIN_SPEEDUP <= fp32_ms
+            times = f"float32 {fp32_ms:.2f} ms, bfloat16 {bf16_ms:.2f} ms per forward pass"
+            dtype = torch.bfloat16 if faster else torch.float32
+            return Precision(dtype, kind, False, f"inference auto: {times} of {batch} on this CPU")
+        if batch < CPU_BF16_MIN_INFERENCE_BATCH:
+            why = f"{batch} observation(s) are faster in float32"
+            pays = f"bfloat16 pays from {CPU_BF16_MIN_INFERENCE_BATCH}"
+            return Precision(
+                torch.float32, kind, False, f"inference auto: CPU forward passes of {why} ({pays})"
+            )
     return Precision(p.dtype, kind, False, f"inference auto: {p.reason}")
 
 
