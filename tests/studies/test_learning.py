@@ -470,3 +470,31 @@ def test_the_committed_pong_dqn_evidence_is_built_from_its_parquet_files():
     for f in fp32:
         assert f"fp32-native seed 0 is at {f['return_at_1M']:+.1f} at 1M" in page
     assert os.path.exists(os.path.join(folder, "learning.png"))
+
+
+_NICE_CHILD = """
+import os, sys
+sys.path.insert(0, {root!r})
+os.nice(7)
+from studies.learning import honour_nice
+print(honour_nice())
+print(open("/proc/self/autogroup").read().split()[-1])
+"""
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/autogroup"), reason="a kernel without autogroup: nothing to set"
+)
+@pytest.mark.parametrize(("own_session", "said"), [(True, "7"), (False, "None")])
+def test_a_niced_run_in_a_session_of_its_own_gives_its_session_group_that_nice(own_session, said):
+    # The group a fresh session starts in has nice 0; a run left in the test's session must
+    # not renice it (that group holds pytest itself).
+    own = subprocess.run(
+        [sys.executable, "-c", _NICE_CHILD.format(root=ROOT)], start_new_session=own_session,
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    with open("/proc/self/autogroup", encoding="ascii") as f:
+        ours = f.read().split()[-1]
+    lines = own.stdout.split()
+    assert lines[0] == said
+    assert lines[1] == ("7" if own_session else ours)
