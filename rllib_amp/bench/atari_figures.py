@@ -94,9 +94,10 @@ def bench_end_to_end_paths(
     *,
     warmup: int = WARMUP_ROUNDS,
     **config: Any,
-) -> dict[str, list[float]]:
-    """Env steps/s of ``algo``'s training iterations on Pong per label, interleaved;
-    ``config``: ``path_configs``'s keywords."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Env steps/s of ``algo``'s training iterations on Pong per label, interleaved, and the
+    learner's seconds per env step in them (``figures.train_interleaved``); ``config``:
+    ``path_configs``'s keywords."""
     return train_interleaved(path_configs(algo, labels, device, **config), iterations, warmup)
 
 

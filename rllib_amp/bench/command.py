@@ -99,12 +99,13 @@ def atari_paths(
     save(out)
     iterations = 2 if quick else 6
     e2e_labels = (STOCK, "fp32 native", "amp native")
-    out["end_to_end_paths"] = {}
+    out["end_to_end_paths"], out["end_to_end_learner"] = {}, {}
     for algo in ("PPO", "APPO"):
         print(f"[bench] {algo} Pong end to end, Atari paths", file=sys.stderr)
-        out["end_to_end_paths"][algo] = in_child(
+        rates, learner = in_child(
             atari_figures.bench_end_to_end_paths, algo, e2e_labels, device, iterations
         )
+        out["end_to_end_paths"][algo], out["end_to_end_learner"][algo] = rates, learner
         save(out)
     if "DQN" in algos:
         print("[bench] DQN replay bytes per transition", file=sys.stderr)
@@ -209,7 +210,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         f"interleaved repetitions; {time.time() - started:.0f} s"
     )
     print(report.markdown(rows, header), end="\n\n")
-    print(report.markdown_targets(report.targets(results)))
+    print(report.markdown_targets(report.targets(results)), end="\n\n")
+    print(report.markdown_bounds(report.end_to_end_bounds(results)))
     report.write_outputs(rows, results, args.json, args.out)
     return 0
 

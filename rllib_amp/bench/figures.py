@@ -121,33 +121,54 @@ def bench_end_to_end(
     configs = {v: algo_config("PPO", model, v, device) for v in variants}
     for cfg in configs.values():
         cfg.env_runners(num_envs_per_env_runner=E2E_ENVS_PER_RUNNER)
-    return train_interleaved(configs, iterations)
+    return train_interleaved(configs, iterations)[0]
 
 
 def train_interleaved(
     configs: Mapping[str, AlgorithmConfig], iterations: int, warmup: int = WARMUP_ROUNDS
-) -> dict[str, list[float]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Env steps/s of each config's training iterations after ``warmup`` untimed ones, the
-    configs' algorithms built side by side in this process and trained in turns."""
+    configs' algorithms built side by side in this process and trained in turns; and, of the
+    same iterations, the seconds spent in ``learner_group.update`` per env step sampled."""
     from rllib_amp.learner.env_runner import forget_rllib_env_ids
 
     algos: dict[str, Algorithm] = {}
+    spent: dict[str, list[float]] = {}
 
-    def rate(name: str) -> float:
+    def timed_updates(name: str) -> None:
+        group: Any = algos[name].learner_group  # every algorithm here has one
+        update, spent[name] = group.update, [0.0]
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return update(*args, **kwargs)
+            finally:
+                spent[name][0] += time.perf_counter() - t
+
+        group.update = timed  # instance attribute shadows the method
+
+    def rate(name: str) -> tuple[float, float]:
+        spent[name][0] = 0.0
         t = time.perf_counter()
         result = algos[name].train()
-        return float(result["env_runners"]["num_env_steps_sampled"] / (time.perf_counter() - t))
+        steps = float(result["env_runners"]["num_env_steps_sampled"])
+        return steps / (time.perf_counter() - t), spent[name][0] / steps
 
     try:
         for name, cfg in configs.items():
             forget_rllib_env_ids()  # the stock variants' runners re-register RLlib's env id
             algos[name] = cfg.build_algo()
-        rates = interleaved_reps(list(configs), warmup + iterations, rate)
+            timed_updates(name)
+        reps = interleaved_reps(list(configs), warmup + iterations, rate)
     finally:
         for a in algos.values():
             a.stop()
     # The first iterations build and warm everything.
-    return {name: r[warmup:] for name, r in rates.items()}
+    return (
+        {name: [r for r, _ in x[warmup:]] for name, x in reps.items()},
+        {name: [s for _, s in x[warmup:]] for name, x in reps.items()},
+    )
 
 
 # -- figure 4: learning parity ----------------------------------------------------------------

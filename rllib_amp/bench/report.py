@@ -43,6 +43,7 @@ class Results(TypedDict, total=False):
     end_to_end: PerVariant  # env steps/s
     sampling: PerVariant  # env steps/s per Atari path
     end_to_end_paths: dict[str, PerVariant]  # algorithm -> env steps/s
+    end_to_end_learner: dict[str, PerVariant]  # algorithm -> learner seconds per env step
     replay_bytes: dict[str, dict[str, float]]
     memory_paths: dict[str, dict[str, float]]  # bytes
     parity: dict[str, PerVariant]  # algorithm -> return per seed
@@ -294,6 +295,85 @@ def markdown_targets(rows: Sequence[TargetRow]) -> str:
     met = {True: "met", False: "NOT MET", None: "not measured"}
     cells = [(t["target"], _shown(t["ratio"], ".3f"), t["required"], met[t["met"]]) for t in rows]
     return markdown_table(("target", "measured ratio", "required", "met"), cells)
+
+
+# -- end-to-end bounds -------------------------------------------------------------------------
+class BoundRow(TypedDict):
+    algo: str
+    path: str
+    learner_ms: float  # the learner's milliseconds per env step, measured end to end
+    measured: float  # env steps/s
+    at_raw: float  # env steps/s if sampling ran at raw ALE's speed, inference free
+    at_target: float  # ... at the sampling target's share of it
+    stock: float  # the stock row's env steps/s
+    required: float  # the end-to-end target's ratio to stock
+
+
+def end_to_end_bounds(results: Results) -> list[BoundRow]:
+    """What the learner's measured time leaves room for: each end-to-end path's env steps/s
+    if sampling, inference included, ran at raw ALE's speed (``at_raw``) or at the sampling
+    target's share of it (``at_target``), with sampling and learning in turns as in the run.
+
+    Example:
+        >>> r = end_to_end_bounds({"sampling": {"raw ALE": [4000.0]},
+        ...     "end_to_end_paths": {"PPO": {"fp32 wrappers": [400.0], "amp native": [800.0]}},
+        ...     "end_to_end_learner": {"PPO": {"amp native": [0.00075]}}})
+        >>> round(r[0]["at_raw"]), round(r[0]["at_target"]), r[0]["required"]
+        (1000, 857, 2.5)
+    """
+    raw = _median(results.get("sampling", {}).get(RAW_ALE, []))
+    share = TARGETS["sampling, native (batched sampler) / raw ALE env steps/s"].bound
+    out: list[BoundRow] = []
+    for algo, per in results.get("end_to_end_learner", {}).items():
+        rates = results.get("end_to_end_paths", {}).get(algo, {})
+        target = next((t for t in TARGETS.values() if t.numerator.startswith(
+            f"end_to_end_paths/{algo}/") and t.denominator.endswith(STOCK)), None)  # fmt: skip
+        for path, learner in per.items():
+            s = _median(learner)
+            if path == STOCK or not math.isfinite(raw) or not s > 0:
+                continue
+            out.append({
+                "algo": algo, "path": path, "learner_ms": 1000 * s,
+                "measured": _median(rates.get(path, [])),
+                "at_raw": 1 / (1 / raw + s), "at_target": 1 / (1 / (share * raw) + s),
+                "stock": _median(rates.get(STOCK, [])),
+                "required": target.bound if target else math.nan,
+            })  # fmt: skip
+    return out
+
+
+def _reachable(r: BoundRow) -> str:
+    needed = r["required"] * r["stock"]
+    if not math.isfinite(needed):
+        return "-"
+    return "yes" if r["at_raw"] >= needed else "no: the learner alone rules it out"
+
+
+def markdown_bounds(rows: Sequence[BoundRow]) -> str:
+    """The bounds as a markdown table, each env steps/s with its ratio to stock."""
+    share = TARGETS["sampling, native (batched sampler) / raw ALE env steps/s"].bound
+
+    def rate(x: float, stock: float) -> str:
+        return f"{_shown(x, ',.0f')} ({_shown(x / stock, '.2f', 'x')})"
+
+    head = (
+        "end to end", "learner ms per env step", "measured env steps/s",
+        "if sampling ran at raw ALE's speed", f"at {share:.0%} of it", "target x stock",
+        "target reachable",
+    )  # fmt: skip
+    cells = [
+        (
+            f"{r['algo']} {r['path']}",
+            _shown(r["learner_ms"], ".3f"),
+            rate(r["measured"], r["stock"]),
+            rate(r["at_raw"], r["stock"]),
+            rate(r["at_target"], r["stock"]),
+            _shown(r["required"], ".3g", "x"),
+            _reachable(r),
+        )
+        for r in rows
+    ]
+    return markdown_table(head, cells)
 
 
 # -- output files -----------------------------------------------------------------------------

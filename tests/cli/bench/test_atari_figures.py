@@ -207,16 +207,19 @@ def test_sampling_one_measures_a_real_runner():
 def test_end_to_end_paths_train_every_label_on_tiny_settings():
     training = {"train_batch_size_per_learner": 64, "minibatch_size": 32, "num_epochs": 1}
     labels = [STOCK, "amp native"]
-    out = atari_figures.bench_end_to_end_paths(
+    out, learner = atari_figures.bench_end_to_end_paths(
         "PPO", labels, "cpu", 1, model="mini", num_envs=2, training=training, warmup=0
     )
     assert list(out) == labels and all(len(v) == 1 and v[0] > 0 for v in out.values())
+    # The learner's share of the same iteration: some, and less than all of it.
+    for label in labels:
+        assert 0 < learner[label][0] < 1 / out[label][0]
 
 
 def test_command_runs_every_atari_figure_and_keys_them_for_the_targets(monkeypatch):
     calls = []
     monkeypatch.setattr(command, "collect_data", lambda *a, **k: calls.append(("data", k)))
-    monkeypatch.setattr(command, "in_child", lambda fn, *a: {"fake": [1.0]})
+    monkeypatch.setattr(command, "in_child", lambda fn, *a: ({"rates": a[0]}, {"learner": a[0]}))
     monkeypatch.setattr(command.atari_figures, "bench_sampling", lambda reps, **k: {"r": reps})
     monkeypatch.setattr(command.atari_figures, "bench_replay_bytes", lambda n: {"n": n})
     monkeypatch.setattr(
@@ -225,7 +228,34 @@ def test_command_runs_every_atari_figure_and_keys_them_for_the_targets(monkeypat
     out = command.atari_paths(["PPO", "DQN"], "cpu", 3, quick=True)
     assert out["sampling"] == {"r": 3} and out["replay_bytes"] == {"n": 1024}
     assert sorted(out["end_to_end_paths"]) == ["APPO", "PPO"]
+    assert out["end_to_end_paths"]["APPO"] == {"rates": "APPO"}
+    assert out["end_to_end_learner"]["PPO"] == {"learner": "PPO"}
     assert sorted(out["memory_paths"]) == ["DQN full", "PPO full"]
     assert out["memory_paths"]["PPO full"]["labels"] == list(workloads.PATH_VARIANTS)
     assert [k["preprocessing"] for _, k in calls] == [WRAPPERS, NATIVE] * 2
     assert "replay_bytes" not in command.atari_paths(["PPO"], "cpu", 1, quick=True)
+
+
+def test_the_bounds_say_what_the_learners_time_leaves_for_end_to_end():
+    # Raw ALE 4,000 env steps/s; PPO's learner 0.5 ms per env step leaves at most
+    # 1/(1/4000 + 0.0005) = 1,333 env steps/s (3.33x a stock 400: 2.5x reachable), 0.75 ms at
+    # most 1,000 (2.5x just reachable), 1 ms at most 800 (not).
+    results = _results(sampling=(1.0, 3.5, 4000.0))
+    results["end_to_end_paths"]["PPO"][STOCK] = [400.0]
+    results["end_to_end_learner"] = {
+        "PPO": {STOCK: [0.002], "fp32 native": [0.001], "amp native": [0.0005]},
+        "APPO": {"amp native": [0.00075]},
+    }
+    rows = {(r["algo"], r["path"]): r for r in report.end_to_end_bounds(results)}
+    assert sorted(rows) == [("APPO", "amp native"), ("PPO", "amp native"), ("PPO", "fp32 native")]
+    amp = rows[("PPO", "amp native")]
+    assert amp["at_raw"] == pytest.approx(4000 / 3)
+    assert amp["at_target"] == pytest.approx(1 / (1 / 2400 + 0.0005))
+    assert amp["measured"] == 24.0 and amp["stock"] == 400.0 and amp["required"] == 2.5
+    assert rows[("PPO", "fp32 native")]["at_raw"] == pytest.approx(800)
+    assert rows[("APPO", "amp native")]["required"] == 2.0
+    table = report.markdown_bounds(list(rows.values()))
+    assert "1,333 (3.33x)" in table and "800 (2.00x)" in table
+    assert table.count("no: the learner alone rules it out") == 1
+    # Without raw ALE in the run there is no limit to measure against.
+    assert report.end_to_end_bounds({**results, "sampling": {}}) == []
