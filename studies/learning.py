@@ -385,9 +385,14 @@ def honour_nice(autogroup: str = "/proc/self/autogroup") -> int | None:
         own_session = os.getsid(0) != os.getsid(os.getppid())
     except OSError:  # the parent is gone: the session is this run's
         own_session = True
-    if nice <= 0 or not own_session or not os.path.exists(autogroup):
+    if nice <= 0 or not own_session:
         return None
     try:
+        # "/autogroup-35 nice 0" where the kernel has autogroup; some sandboxes' kernels give
+        # the file but an empty one, and there is nothing to set.
+        with open(autogroup, encoding="ascii") as f:
+            if "nice" not in f.read().split():
+                return None
         with open(autogroup, "w", encoding="ascii") as f:
             f.write(str(nice))
     except OSError:
