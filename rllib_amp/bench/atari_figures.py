@@ -5,11 +5,13 @@ bytes per transition, learner peak memory. ``report.targets`` turns them into ra
 
 Example:
     >>> bench_sampling(2, measure=lambda path, *a: 3.0 if path == "native" else 1.0)
-    {'wrappers': [1.0, 1.0], 'native': [3.0, 3.0], 'raw ALE': [1.0, 1.0]}
+    {'wrappers': [1.0, 1.0], 'native': [3.0, 3.0], 'native, amp inference': [1.0, 1.0], \
+'raw ALE': [1.0, 1.0]}
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 
 # ALE's vector env alone (no network, no RLlib): the limit the other rows are fractions of.
 RAW_ALE = "raw ALE"
+# The native path as ``with_amp`` ships it: the EnvRunner's ``inference_dtype`` "auto".
+NATIVE_AMP = "native, amp inference"
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -40,7 +44,9 @@ def bench_sampling(
     model: str = "full",
     measure: Callable[..., float] | None = None,
 ) -> dict[str, list[float]]:
-    """Env steps/s per path (``wrappers``, ``native``, ``raw ALE``), ``reps`` each, interleaved.
+    """Env steps/s per path (``wrappers``, ``native`` with float32 inference, ``native, amp
+    inference`` with ``with_amp``'s "auto" inference dtype, ``raw ALE``), ``reps`` each,
+    interleaved.
 
     ``measure(path, num_envs, env_steps, model)`` defaults to ``sampling.sampling_one`` (the
     raw ALE row: ``sampling.raw_ale_one``) in a fresh child process: one path's env threads and
@@ -53,9 +59,12 @@ def bench_sampling(
             return measure(path, num_envs, env_steps, model)
         if path == RAW_ALE:
             return in_child(raw_ale_one, num_envs, env_steps)[0]
+        if path == NATIVE_AMP:
+            amp = functools.partial(sampling_one, inference_dtype="auto")
+            return in_child(amp, NATIVE, num_envs, env_steps, model)[0]
         return in_child(sampling_one, path, num_envs, env_steps, model)[0]
 
-    return interleaved_reps((WRAPPERS, NATIVE, RAW_ALE), reps, run)
+    return interleaved_reps((WRAPPERS, NATIVE, NATIVE_AMP, RAW_ALE), reps, run)
 
 
 # -- end to end -------------------------------------------------------------------------------

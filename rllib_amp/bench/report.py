@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypedDict
 
-from rllib_amp.bench.atari_figures import RAW_ALE
+from rllib_amp.bench.atari_figures import NATIVE_AMP, RAW_ALE
 from rllib_amp.bench.figures import E2E_ENVS_PER_RUNNER
 from rllib_amp.bench.fixed_cost import FIXED_COST, FixedCostRecord, per_step_seconds
 from rllib_amp.bench.workloads import STOCK
@@ -227,14 +227,25 @@ class Target(NamedTuple):
     denominator: str
     op: str
     bound: float
+    # "<=" only: also met while the numerator's median is at most the denominator's upper
+    # quartile, where this run's repetitions cannot tell the two apart.
+    within_spread: bool = False
 
 
-def _figure(results: Results, path: str) -> float:
+def _values(results: Results, path: str) -> list[float]:
     x: Any = results
     for key in path.split("/"):
         x = x[key]
-    # Repetitions (the fixed cost's as records): their median.
-    return _median(per_step_seconds(x)) if isinstance(x, (list, tuple)) else float(x)
+    # Repetitions (the fixed cost's as records), or one figure.
+    return per_step_seconds(x) if isinstance(x, (list, tuple)) else [float(x)]
+
+
+def _figure(results: Results, path: str) -> float:
+    return _median(_values(results, path))
+
+
+def _upper_quartile(xs: Sequence[float]) -> float:
+    return statistics.quantiles(xs, n=4, method="inclusive")[2] if len(xs) > 1 else _median(xs)
 
 
 # Target name -> target.
@@ -244,6 +255,10 @@ TARGETS: dict[str, Target] = {
     ),
     "sampling, native (batched sampler) / raw ALE env steps/s": Target(
         "sampling/native", f"sampling/{RAW_ALE}", ">=", 0.6
+    ),
+    # The same with the inference AMP users get (with_amp's "auto" inference dtype).
+    "sampling, native with amp inference / raw ALE env steps/s": Target(
+        f"sampling/{NATIVE_AMP}", f"sampling/{RAW_ALE}", ">=", 0.6
     ),
     "end-to-end PPO Pong, amp native / stock fp32 wrappers env steps/s": Target(
         "end_to_end_paths/PPO/amp native", f"end_to_end_paths/PPO/{STOCK}", ">=", 2.5
@@ -258,8 +273,9 @@ TARGETS: dict[str, Target] = {
     "end-to-end APPO Pong, amp native / fp32 native env steps/s": Target(
         "end_to_end_paths/APPO/amp native", "end_to_end_paths/APPO/fp32 native", ">=", 1.0
     ),
+    # Issue 33: "<= stock's within the run's spread" (a few ms, noisy on shared cores).
     "fixed cost per minibatch step, amp-auto / stock fp32 ms": Target(
-        "fixed_cost/amp-auto", "fixed_cost/fp32", "<=", 1.0
+        "fixed_cost/amp-auto", "fixed_cost/fp32", "<=", 1.0, within_spread=True
     ),
     "DQN replay bytes per transition, uint8 / float32": Target(
         "replay_bytes/fp32 native/all", f"replay_bytes/{STOCK}/all", "<=", 1 / 3.5
@@ -280,13 +296,19 @@ def targets(results: Results) -> list[TargetRow]:
         [True, None]
     """
     out: list[TargetRow] = []
-    for name, (numerator, denominator, op, bound) in TARGETS.items():
+    for name, (numerator, denominator, op, bound, within_spread) in TARGETS.items():
         try:
             ratio = _figure(results, numerator) / _figure(results, denominator)
         except (KeyError, TypeError, ZeroDivisionError):
             ratio = math.nan
         met = _OPS[op](ratio, bound) if math.isfinite(ratio) else None  # None: not measured
-        out.append({"target": name, "ratio": ratio, "required": f"{op} {bound:.3g}", "met": met})
+        required = f"{op} {bound:.3g}"
+        if within_spread:
+            required += " or within the spread (stock's upper quartile)"
+            if met is False:
+                upper = _upper_quartile(_values(results, denominator))
+                met = _figure(results, numerator) <= upper
+        out.append({"target": name, "ratio": ratio, "required": required, "met": met})
     return out
 
 

@@ -84,19 +84,25 @@ def sampling_one(
     sampler: str | None = None,
     num_cpus: int = 2,
     torch_threads: int | None = None,
+    inference_dtype: str | None = None,
 ) -> tuple[float, float]:
     """(env steps/s, env steps per CPU-second of the whole process: steadier on shared cores)
     of one timed ``EnvRunner.sample()`` after a warm-up call, on the Atari path
     ``preprocessing`` (``sampler``: native only), actions from the RLModule. A job for
     ``in_child``. Torch runs ``num_cpus`` threads (unless ``torch_threads``), as Ray sets for an
-    EnvRunner actor: more threads than cores stall every small op on a busy machine."""
+    EnvRunner actor: more threads than cores stall every small op on a busy machine.
+    ``inference_dtype``: the runner's autocast inference as ``with_amp`` sets it ("auto"
+    times the module on this CPU); None: float32, as stock RLlib."""
     import torch
 
+    from rllib_amp import with_amp
     from rllib_amp.bench.workloads import stock_env_runner
 
     cfg = sampling_config(
         preprocessing, num_envs=num_envs, model=model, num_cpus=num_cpus, sampler=sampler
     )
+    if inference_dtype is not None:
+        cfg = with_amp(cfg, inference_dtype=inference_dtype)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(torch_threads or max(1, num_cpus))
     try:
