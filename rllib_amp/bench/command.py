@@ -212,7 +212,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     print(report.markdown(rows, header), end="\n\n")
     print(report.markdown_targets(report.targets(results)), end="\n\n")
     print(report.markdown_bounds(report.end_to_end_bounds(results)))
-    report.write_outputs(rows, results, args.json, args.out)
+    report.write_outputs(rows, results, args.json, args.out, header)
     return 0
 
 

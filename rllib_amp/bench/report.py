@@ -477,18 +477,28 @@ def write_partial(results: Results, json_path: str) -> None:
 
 
 def write_outputs(
-    rows: list[Row], results: Results, json_path: str | None, out_dir: str | None
+    rows: list[Row],
+    results: Results,
+    json_path: str | None,
+    out_dir: str | None,
+    header: str = "",
 ) -> None:
-    """Writes the JSON file and the ``--out`` folder's parquet table and ratio plot."""
+    """Writes the JSON file and the ``--out`` folder's parquet table and ratio plot. Both keep
+    ``header`` (the run's date, machine line and length), so a figure read from a file alone
+    still says where it was measured."""
     if json_path:
-        write_json(json_path, {"rows": rows, "targets": targets(results), "raw": results})
+        write_json(json_path, {
+            "header": header, "rows": rows, "targets": targets(results),
+            "bounds": end_to_end_bounds(results), "raw": results,
+        })  # fmt: skip
     if not out_dir:
         return
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     os.makedirs(out_dir, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), os.path.join(out_dir, PARQUET_NAME))
+    table = pa.Table.from_pylist(rows).replace_schema_metadata({"header": header})
+    pq.write_table(table, os.path.join(out_dir, PARQUET_NAME))
     try:
         import matplotlib
 

@@ -294,3 +294,21 @@ def test_the_bounds_say_what_the_learners_time_leaves_for_end_to_end():
     assert table.count("no: the learner alone rules it out") == 1
     # Without raw ALE in the run there is no limit to measure against.
     assert report.end_to_end_bounds({**results, "sampling": {}}) == []
+
+
+def test_a_finished_run_s_files_say_where_and_when_they_were_measured(tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    results = _results()
+    results["end_to_end_learner"] = {"PPO": {"amp native": [0.0005]}}
+    header = "rllib-amp benchmark, 2026-12-07, Some CPU, 2 cores (avx512_bf16); 9 s"
+    rows = report.rows_from(results)
+    report.write_outputs(rows, results, str(tmp_path / "b.json"), str(tmp_path / "out"), header)
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved["header"] == header and len(saved["rows"]) == len(rows)
+    assert [b["path"] for b in saved["bounds"]] == ["amp native"]
+    table = pq.read_table(tmp_path / "out" / report.PARQUET_NAME)
+    assert table.schema.metadata[b"header"] == header.encode()
+    assert table.num_rows == len(rows)
