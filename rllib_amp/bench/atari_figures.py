@@ -11,7 +11,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +51,7 @@ def bench_sampling(
     raw ALE row: ``sampling.raw_ale_one``) in a fresh child process: one path's env threads and
     heap never share a process with the other's.
     """
-    from rllib_amp.bench.sampling import raw_ale_one, sampling_one
+    from rllib_amp.bench.sampling import raw_ale_one, sampling_amp_inference, sampling_one
 
     def run(path: str) -> float:
         if measure is not None:
@@ -60,8 +59,7 @@ def bench_sampling(
         if path == RAW_ALE:
             return in_child(raw_ale_one, num_envs, env_steps)[0]
         if path == NATIVE_AMP:
-            amp = functools.partial(sampling_one, inference_dtype="auto")
-            return in_child(amp, NATIVE, num_envs, env_steps, model)[0]
+            return in_child(sampling_amp_inference, num_envs, env_steps, model)[0]
         return in_child(sampling_one, path, num_envs, env_steps, model)[0]
 
     return interleaved_reps((WRAPPERS, NATIVE, NATIVE_AMP, RAW_ALE), reps, run)

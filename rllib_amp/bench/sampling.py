@@ -117,6 +117,12 @@ def sampling_one(
     return steps / seconds, steps / cpu_seconds if cpu_seconds else math.nan
 
 
+def sampling_amp_inference(num_envs: int, env_steps: int, model: str) -> tuple[float, float]:
+    """``sampling_one`` on the native path with ``with_amp``'s "auto" inference dtype: the
+    sampling AMP users get. A named job for ``in_child``, which names it in its errors."""
+    return sampling_one(NATIVE, num_envs, env_steps, model, inference_dtype="auto")
+
+
 def raw_ale_one(
     num_envs: int, env_steps: int, env_id: str = "ALE/Pong-v5", num_cpus: int = 2
 ) -> tuple[float, float]:
