@@ -83,7 +83,13 @@ PONG_DQN = Task(
     "pong-dqn", "DQN on ALE/Pong-v5 (Tianshou's atari_dqn settings)", AMP, FP32_NATIVE,
     1_000_000, (0, 1), "docs/dqn.md", (1_000_000, 2_000_000), (0.0, 15.0), (-21.5, 21.5),
 )  # fmt: skip
-TASKS = {t.name: t for t in (PONG_PPO, CARTPOLE_DQN, PONG_DQN)}
+# Pong APPO: tune_configs/pong_appo_amp.yaml on one 2-core machine; one run to a return of 0
+# (issue 32), no comparison fixed before runs.
+PONG_APPO = Task(
+    "pong-appo", "APPO on ALE/Pong-v5 (pong_appo_amp.yaml on 2 cores)", AMP, FP32_NATIVE,
+    1_000_000, (), "docs/dqn.md", (1_000_000, 2_000_000, 3_000_000), (0.0, 18.0), (-21.5, 21.5),
+)  # fmt: skip
+TASKS = {t.name: t for t in (PONG_PPO, CARTPOLE_DQN, PONG_DQN, PONG_APPO)}
 REPLICATION_SEEDS = PONG_PPO.replication_seeds
 # Column -> pyarrow type name of curves.parquet (types fixed, so files of any day concatenate).
 COLUMNS = {

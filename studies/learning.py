@@ -9,6 +9,10 @@
 and a local learner: ``amp-native`` (the file, precision auto), ``fp32-native``
 (``amp.enabled: false``) and ``amp-native-bn`` (the write-up's BatchNorm).
 
+``--task pong-appo``: APPO on ALE/Pong-v5 with ``tune_configs/pong_appo_amp.yaml``'s settings
+scaled to one machine (one local EnvRunner of 16 native envs, as PPO's runs, and a local
+learner): ``amp-native`` (the file, precision auto) and ``fp32-native``.
+
 ``--task pong-ppo`` (the default): PPO on ALE/Pong-v5 along three paths, each with
 ``tune_configs/pong_ppo_amp.yaml``'s PPO settings (CleanRL's ``ppo_atari`` recipe), the
 Nature CNN ("full") and one local EnvRunner of 16 envs:
@@ -62,6 +66,7 @@ from studies.curves import (
     AMP,
     CARTPOLE_DQN,
     FP32_NATIVE,
+    PONG_APPO,
     PONG_DQN,
     PONG_PPO,
     STOCK,
@@ -76,11 +81,20 @@ PROG = "python -m studies.learning"
 # Path name -> the Atari-path variant of rllib_amp.bench (workloads.PATH_VARIANTS).
 PATHS = {STOCK: "fp32 wrappers", FP32_NATIVE: "fp32 native", AMP: "amp native"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# DQN task -> its experiment file.
-DQN_YAMLS = {
+# Task trained from an experiment file -> the file.
+YAMLS = {
     CARTPOLE_DQN.name: os.path.join(ROOT, "tune_configs", "cartpole_dqn_amp.yaml"),
     PONG_DQN.name: os.path.join(ROOT, "tune_configs", "pong_dqn_amp.yaml"),
+    PONG_APPO.name: os.path.join(ROOT, "tune_configs", "pong_appo_amp.yaml"),
 }
+# Pong task -> its file's resources on one machine (the file's are a cluster's).
+ONE_MACHINE = {
+    PONG_DQN.name: {"resources.num_env_runners": 0, "resources.num_learners": 0},
+    PONG_APPO.name: {
+        "resources.num_env_runners": 0, "resources.num_learners": 0,
+        "resources.num_envs_per_env_runner": 16,
+    },
+}  # fmt: skip
 # Path name -> the overrides of the CartPole DQN file it trains with.
 DQN_PATHS: dict[str, dict[str, Any]] = {
     CARTPOLE_DQN.amp: {},
@@ -93,11 +107,17 @@ PONG_DQN_PATHS: dict[str, dict[str, Any]] = {
     PONG_DQN.reference: {"amp.enabled": False},
     BATCHNORM: {"model.batchnorm": True},
 }
+# Path name -> the overrides of the Pong APPO file it trains with.
+PONG_APPO_PATHS: dict[str, dict[str, Any]] = {
+    PONG_APPO.amp: {},
+    PONG_APPO.reference: {"amp.enabled": False},
+}
 # Task -> its paths.
 TASK_PATHS: dict[str, Mapping[str, Any]] = {
     PONG_PPO.name: PATHS,
     CARTPOLE_DQN.name: DQN_PATHS,
     PONG_DQN.name: PONG_DQN_PATHS,
+    PONG_APPO.name: PONG_APPO_PATHS,
 }
 # tune_configs/pong_ppo_amp.yaml's training section without its lr schedule (a test keeps the
 # two equal); the schedule anneals LR_START linearly to 0 over the run's step budget.
@@ -180,17 +200,16 @@ def build_config(
     path: str, seed: int, steps: int, device: str, batch: int | None, task: str = PONG_PPO.name
 ) -> Any:
     """The algorithm config of one run of ``task``."""
-    if task in DQN_YAMLS:
+    if task in YAMLS:
         from rllib_amp.experiment import load
 
         overrides = {**TASK_PATHS[task][path], "seed": seed}
-        if task == PONG_DQN.name:  # the file's cluster resources, on one machine
-            overrides["resources.num_env_runners"] = 0
-            overrides["resources.num_learners"] = 0
+        if task in ONE_MACHINE:
+            overrides.update(ONE_MACHINE[task])
             overrides["resources.num_gpus_per_learner"] = 1 if device == "cuda" else 0
         if batch is not None:
             overrides["training.train_batch_size_per_learner"] = batch
-        return load(DQN_YAMLS[task], overrides).algorithm_config()
+        return load(YAMLS[task], overrides).algorithm_config()
     from rllib_amp.bench.atari_figures import path_configs
 
     training = {**TRAINING, "lr": lr_schedule(steps)}

@@ -271,6 +271,25 @@ def test_pong_dqn_paths_are_the_file_on_one_machine_differing_in_precision_or_ba
     assert calculate_rr_weights(amp) == [1, 4]
 
 
+def test_pong_appo_paths_are_the_file_on_one_machine_differing_in_precision():
+    """pong_appo_amp.yaml's training settings; its 32 remote EnvRunners and 2 GPU learners
+    become one local EnvRunner of 16 envs (as the PPO Pong runs) and a local learner."""
+    amp, fp32 = (
+        P.build_config(p, 2, 3_000_000, "cpu", None, "pong-appo")
+        for p in ("amp-native", "fp32-native")
+    )
+    assert [c.learner_config_dict["rllib_amp"]["enabled"] for c in (amp, fp32)] == ["auto", False]
+    for cfg in (amp, fp32):
+        assert type(cfg).__name__ == "APPOConfig" and cfg.env.__name__ == "AleVectorEnv"
+        assert (cfg.seed, cfg.lr, cfg.train_batch_size_per_learner, cfg.grad_clip,
+                cfg.vf_loss_coeff, cfg.entropy_coeff) == (
+                2, 0.0005, 2000, 40.0, 0.5, 0.01)  # fmt: skip
+        assert (cfg.num_env_runners, cfg.num_envs_per_env_runner) == (0, 16)
+        assert (cfg.num_learners, cfg.num_gpus_per_learner) == (0, 0)
+    assert P.build_config("amp-native", 0, 1, "cuda", None, "pong-appo").num_gpus_per_learner == 1
+    assert P.TASK_PATHS["pong-appo"].keys() == {"amp-native", "fp32-native"}
+
+
 def test_the_cartpole_report_reads_its_own_milestones_and_paths():
     rows = []
     for path, finals in (("amp", (480.0, 490.0, 500.0)), ("fp32", (470.0, 500.0, 495.0))):
