@@ -318,8 +318,8 @@ def markdown_targets(rows: Sequence[TargetRow]) -> str:
     met = {True: "met", False: "NOT MET", None: "not measured"}
 
     def said(t: TargetRow) -> str:
-        op, bound = t["required"].split()[:2]
-        if t["met"] and not _OPS[op](t["ratio"], float(bound)):
+        target = TARGETS.get(t["target"])
+        if t["met"] and target and not _OPS[target.op](t["ratio"], target.bound):
             return "met within the spread (NOT MET by the medians)"
         return met[t["met"]]
 
