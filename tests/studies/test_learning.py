@@ -529,6 +529,18 @@ def test_a_niced_run_in_a_session_of_its_own_gives_its_session_group_that_nice(
     assert group.read_text(encoding="ascii") == after
 
 
+def test_a_kernel_without_the_group_file_leaves_the_run_as_it_is(tmp_path):
+    # No /proc/self/autogroup (a kernel built without autogroup): nothing set, nothing made.
+    group = tmp_path / "autogroup"
+    child = _NICE_CHILD.format(root=ROOT, group=str(group)).split("with open")[0]
+    out = subprocess.run(
+        [sys.executable, "-c", child],
+        start_new_session=True, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert out.stdout.split() == ["None"]
+    assert not group.exists()
+
+
 def _kernel_autogroup() -> bool:
     try:
         with open("/proc/self/autogroup", encoding="ascii") as f:
