@@ -281,9 +281,11 @@ def test_pong_appo_paths_are_the_file_on_one_machine_differing_in_precision():
     assert [c.learner_config_dict["rllib_amp"]["enabled"] for c in (amp, fp32)] == ["auto", False]
     for cfg in (amp, fp32):
         assert type(cfg).__name__ == "APPOConfig" and cfg.env.__name__ == "AleVectorEnv"
+        # RLlib's tuned example (tuned_examples/appo/pong_appo.py) key by key.
         assert (cfg.seed, cfg.lr, cfg.train_batch_size_per_learner, cfg.grad_clip,
-                cfg.vf_loss_coeff, cfg.entropy_coeff) == (
-                2, 0.0005, 2000, 40.0, 0.5, 0.01)  # fmt: skip
+                cfg.vf_loss_coeff, cfg.entropy_coeff, cfg.circular_buffer_num_batches,
+                cfg.broadcast_interval) == (
+                2, 0.0005, 500, 40.0, 1.0, [[0, 0.01], [3_000_000, 0.0]], 4, 5)  # fmt: skip
         assert (cfg.num_env_runners, cfg.num_envs_per_env_runner) == (0, 16)
         assert (cfg.num_learners, cfg.num_gpus_per_learner) == (0, 0)
     assert P.build_config("amp-native", 0, 1, "cuda", None, "pong-appo").num_gpus_per_learner == 1
