@@ -87,6 +87,15 @@ def in_child(fn: Callable[..., _T], *args: object, timeout_s: float = CHILD_TIME
                     raise RuntimeError(
                         f"{fn.__name__}{args}: no result in {timeout_s:g} s"
                     ) from None
+    except KeyboardInterrupt as e:
+        # SIGTERM or SIGHUP sent to this process alone (``kill``, ``timeout``, a scheduler)
+        # goes to the child too, which ends through its own ``finally`` blocks instead of
+        # running on until the SIGKILL below. Ctrl-C reached it already: a terminal signals
+        # its whole foreground group, and a second SIGINT would cut the child's cleanup short.
+        signum = getattr(e, "signum", None)  # cli.Interrupted's; a plain Ctrl-C has none
+        if signum is not None and proc.is_alive():
+            os.kill(proc.pid, signum)
+        raise
     finally:
         proc.join(60)
         if proc.is_alive():

@@ -221,6 +221,44 @@ def test_in_child_raises_and_notices_a_dead_child():
         harness.in_child(os._exit, 3)
 
 
+_PARENT = """
+import sys, time
+from rllib_amp.bench import harness
+from rllib_amp.cli import main_wrapper
+
+def run(argv):
+    print("started", flush=True)
+    harness.in_child(time.sleep, 600.0)
+    return 0
+
+sys.exit(main_wrapper("parent", run, None))
+"""
+
+
+def test_a_sigterm_to_the_parent_alone_ends_its_child_too():
+    # ``kill PID`` or a scheduler signals the parent only; without passing it on, the parent
+    # waited 60 s for a child that ran on, then killed it (SIGKILL: no cleanup).
+    import signal
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert parent.stdout.readline() == "started\n"
+        time.sleep(3)  # the child is up and sleeping
+        start = time.monotonic()
+        parent.send_signal(signal.SIGTERM)
+        _, err = parent.communicate(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        parent.kill()
+    assert parent.returncode == 128 + signal.SIGTERM, err
+    assert "parent: stopped by SIGTERM" in err
+    assert took < 30, f"the parent took {took:.0f} s: its child ran on"
+
+
 def _build_learner_and_list_warnings(variant: str) -> tuple[list[tuple[str, str, int]], set]:
     """In a child: builds a bench learner; returns (logger, file, line) of Ray's WARNINGs
     and the keys of Ray's once-only messages this process has shown."""
