@@ -93,7 +93,7 @@ def in_child(fn: Callable[..., _T], *args: object, timeout_s: float = CHILD_TIME
         # running on until the SIGKILL below. Ctrl-C reached it already: a terminal signals
         # its whole foreground group, and a second SIGINT would cut the child's cleanup short.
         signum = getattr(e, "signum", None)  # cli.Interrupted's; a plain Ctrl-C has none
-        if signum is not None and proc.is_alive():
+        if signum is not None and proc.pid is not None and proc.is_alive():
             os.kill(proc.pid, signum)
         raise
     finally:
