@@ -11,7 +11,9 @@ and a local learner: ``amp-native`` (the file, precision auto), ``fp32-native``
 
 ``--task pong-appo``: APPO on ALE/Pong-v5 with ``tune_configs/pong_appo_amp.yaml``'s settings
 scaled to one machine (one local EnvRunner of 16 native envs, as PPO's runs, and a local
-learner): ``amp-native`` (the file, precision auto) and ``fp32-native``.
+learner): ``amp-native`` (the file, precision auto), ``fp32-native``, and ``stock``: the
+file's training keys on RLlib as it ships (float32, RLlib's Atari wrappers), the control that
+tells rllib-amp's paths from APPO itself.
 
 ``--task pong-ppo`` (the default): PPO on ALE/Pong-v5 along three paths, each with
 ``tune_configs/pong_ppo_amp.yaml``'s PPO settings (CleanRL's ``ppo_atari`` recipe), the
@@ -107,10 +109,12 @@ PONG_DQN_PATHS: dict[str, dict[str, Any]] = {
     PONG_DQN.reference: {"amp.enabled": False},
     BATCHNORM: {"model.batchnorm": True},
 }
-# Path name -> the overrides of the Pong APPO file it trains with.
+# Path name -> the overrides of the Pong APPO file it trains with; ``stock`` takes only the
+# file's training keys (build_config).
 PONG_APPO_PATHS: dict[str, dict[str, Any]] = {
     PONG_APPO.amp: {},
     PONG_APPO.reference: {"amp.enabled": False},
+    STOCK: {},
 }
 # Task -> its paths.
 TASK_PATHS: dict[str, Mapping[str, Any]] = {
@@ -200,6 +204,8 @@ def build_config(
     path: str, seed: int, steps: int, device: str, batch: int | None, task: str = PONG_PPO.name
 ) -> Any:
     """The algorithm config of one run of ``task``."""
+    if task == PONG_APPO.name and path == STOCK:
+        return _stock_appo(seed, device, batch)
     if task in YAMLS:
         from rllib_amp.experiment import load
 
@@ -218,6 +224,24 @@ def build_config(
         training["minibatch_size"] = min(training["minibatch_size"], batch)
     cfg = path_configs("PPO", [PATHS[path]], device, training=training)[PATHS[path]]
     cfg.env_runners(num_envs_per_env_runner=NUM_ENVS)
+    cfg.debugging(seed=seed)
+    return cfg
+
+
+def _stock_appo(seed: int, device: str, batch: int | None) -> Any:
+    """RLlib's APPO as it ships (float32, RLlib's Atari wrappers) with pong_appo_amp.yaml's
+    training keys, on the one machine of the file's other paths."""
+    from rllib_amp.bench.atari_figures import path_configs
+    from rllib_amp.experiment import load
+
+    training = dict(load(YAMLS[PONG_APPO.name], {}).get("training"))
+    if batch is not None:
+        training["train_batch_size_per_learner"] = batch
+    label = PATHS[STOCK]
+    cfg = path_configs("APPO", [label], device, training=training)[label]
+    cfg.env_runners(
+        num_envs_per_env_runner=ONE_MACHINE[PONG_APPO.name]["resources.num_envs_per_env_runner"]
+    )
     cfg.debugging(seed=seed)
     return cfg
 

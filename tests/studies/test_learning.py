@@ -289,7 +289,20 @@ def test_pong_appo_paths_are_the_file_on_one_machine_differing_in_precision():
         assert (cfg.num_env_runners, cfg.num_envs_per_env_runner) == (0, 16)
         assert (cfg.num_learners, cfg.num_gpus_per_learner) == (0, 0)
     assert P.build_config("amp-native", 0, 1, "cuda", None, "pong-appo").num_gpus_per_learner == 1
-    assert P.TASK_PATHS["pong-appo"].keys() == {"amp-native", "fp32-native"}
+    assert P.TASK_PATHS["pong-appo"].keys() == {"amp-native", "fp32-native", "stock"}
+
+
+def test_the_stock_pong_appo_path_is_rllib_as_it_ships_with_the_file_s_training_keys():
+    # The control: if it learns where rllib-amp's paths do not, the fault is ours.
+    stock = P.build_config("stock", 2, 3_000_000, "cpu", None, "pong-appo")
+    amp = P.build_config("amp-native", 2, 3_000_000, "cpu", None, "pong-appo")
+    assert type(stock).__name__ == "APPOConfig" and stock.env.__name__ == "AtariEnv"
+    assert "rllib_amp" not in stock.learner_config_dict  # no AMP: RLlib's learner as it is
+    keys = ("lr", "train_batch_size_per_learner", "grad_clip", "vf_loss_coeff", "entropy_coeff",
+            "circular_buffer_num_batches", "broadcast_interval", "seed", "num_env_runners",
+            "num_envs_per_env_runner", "num_learners", "num_gpus_per_learner")  # fmt: skip
+    assert [getattr(stock, k) for k in keys] == [getattr(amp, k) for k in keys]
+    assert P.build_config("stock", 0, 1, "cpu", 64, "pong-appo").train_batch_size_per_learner == 64
 
 
 def test_the_cartpole_report_reads_its_own_milestones_and_paths():
@@ -491,6 +504,19 @@ def test_the_committed_pong_dqn_evidence_is_built_from_its_parquet_files():
     for f in fp32:
         assert f"fp32-native seed 0 is at {f['return_at_1M']:+.1f} at 1M" in page
     assert os.path.exists(os.path.join(folder, "learning.png"))
+
+
+def test_the_committed_pong_appo_evidence_is_built_from_its_parquet_files():
+    # docs/appo/pong/ holds the APPO run with RLlib's tuned example's keys, its table copied
+    # into docs/dqn.md; docs/appo/pong_batch2000/ the run with the file's first settings.
+    appo = C.TASKS["pong-appo"]
+    _committed_evidence(
+        os.path.join(ROOT, "docs", "appo", "pong"), P.PONG_APPO_PATHS, appo, ("docs/dqn.md",)
+    )
+    first = _committed_evidence(
+        os.path.join(ROOT, "docs", "appo", "pong_batch2000"), P.PONG_APPO_PATHS, appo, ()
+    )
+    assert max(r["env_steps"] for r in first) < 1e6
 
 
 _NICE_CHILD = """
