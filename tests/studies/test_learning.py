@@ -530,9 +530,9 @@ with open({group!r}) as f:
 """
 
 
-def _niced_child(group: str, own_session: bool) -> str:
+def _niced_child(group: str, own_session: bool, script: str = _NICE_CHILD) -> list[str]:
     out = subprocess.run(
-        [sys.executable, "-c", _NICE_CHILD.format(root=ROOT, group=group)],
+        [sys.executable, "-c", script.format(root=ROOT, group=group)],
         start_new_session=own_session, capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     return out.stdout.splitlines()
@@ -560,12 +560,8 @@ def test_a_niced_run_in_a_session_of_its_own_gives_its_session_group_that_nice(
 def test_a_kernel_without_the_group_file_leaves_the_run_as_it_is(tmp_path):
     # No /proc/self/autogroup (a kernel built without autogroup): nothing set, nothing made.
     group = tmp_path / "autogroup"
-    child = _NICE_CHILD.format(root=ROOT, group=str(group)).split("with open")[0]
-    out = subprocess.run(
-        [sys.executable, "-c", child],
-        start_new_session=True, capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    assert out.stdout.split() == ["None"]
+    without_reading_back = _NICE_CHILD.split("with open")[0]
+    assert _niced_child(str(group), True, without_reading_back) == ["None"]
     assert not group.exists()
 
 
