@@ -97,9 +97,11 @@ def in_child(fn: Callable[..., _T], *args: object, timeout_s: float = CHILD_TIME
             os.kill(proc.pid, signum)
         raise
     finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
+        try:
+            proc.join(60)
+        finally:  # also after a second signal during the wait: the child must not outlive it
+            if proc.is_alive():
+                proc.kill()
     adopt_once_keys(shown)
     if status != "ok":
         raise RuntimeError(f"{fn.__name__}{args}: {value}")

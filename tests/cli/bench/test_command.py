@@ -259,6 +259,63 @@ def test_a_sigterm_to_the_parent_alone_ends_its_child_too():
     assert took < 30, f"the parent took {took:.0f} s: its child ran on"
 
 
+def test_a_second_signal_while_the_parent_waits_for_its_child_ends_both():
+    # ``kill -INT PID`` reaches the parent alone, which then gives its child (that a Ctrl-C
+    # would have reached too) 60 s to finish. A SIGTERM in those 60 s skipped the kill: the
+    # parent then waited at exit for a child that trained on, for hours.
+    import signal
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    child = 0
+    try:
+        assert parent.stdout.readline() == "started\n"
+        time.sleep(3)  # the child is up and sleeping
+        (child,) = _spawned_children(parent.pid)
+        parent.send_signal(signal.SIGINT)
+        time.sleep(2)  # the parent is in its 60 s wait
+        assert _alive(child)
+        start = time.monotonic()
+        parent.send_signal(signal.SIGTERM)
+        _, err = parent.communicate(timeout=90)
+        took = time.monotonic() - start
+    finally:
+        parent.kill()
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)  # not left sleeping when the test fails
+    assert took < 30, f"the parent took {took:.0f} s: it waited for its child"
+    assert parent.returncode == 128 + signal.SIGTERM, err
+    assert not _alive(child)
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children that multiprocessing spawned to run a function (not its
+    resource tracker)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        pids = [int(p) for p in f.read().split()]
+    return [p for p in pids if b"--multiprocessing-fork" in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _build_learner_and_list_warnings(variant: str) -> tuple[list[tuple[str, str, int]], set]:
     """In a child: builds a bench learner; returns (logger, file, line) of Ray's WARNINGs
     and the keys of Ray's once-only messages this process has shown."""
