@@ -111,10 +111,14 @@ PONG_DQN_PATHS: dict[str, dict[str, Any]] = {
 }
 # Path name -> the overrides of the Pong APPO file it trains with; ``stock`` takes only the
 # file's training keys (build_config).
+REUSE = "amp-native-2epochs"
 PONG_APPO_PATHS: dict[str, dict[str, Any]] = {
     PONG_APPO.amp: {},
     PONG_APPO.reference: {"amp.enabled": False},
     STOCK: {},
+    # Each batch trained twice, as RLlib's old-stack example (num_sgd_iter 2) and as a cluster's
+    # learner does through the circular buffer (K=2) when it runs ahead of its EnvRunners.
+    REUSE: {"training.num_epochs": 2},
 }
 # Task -> its paths.
 TASK_PATHS: dict[str, Mapping[str, Any]] = {

@@ -289,7 +289,12 @@ def test_pong_appo_paths_are_the_file_on_one_machine_differing_in_precision():
         assert (cfg.num_env_runners, cfg.num_envs_per_env_runner) == (0, 16)
         assert (cfg.num_learners, cfg.num_gpus_per_learner) == (0, 0)
     assert P.build_config("amp-native", 0, 1, "cuda", None, "pong-appo").num_gpus_per_learner == 1
-    assert P.TASK_PATHS["pong-appo"].keys() == {"amp-native", "fp32-native", "stock"}
+    assert P.TASK_PATHS["pong-appo"].keys() == {
+        "amp-native", "fp32-native", "stock", "amp-native-2epochs"}  # fmt: skip
+    # The data-reuse path differs from the AMP path in one key: each batch is trained twice.
+    reuse = P.build_config("amp-native-2epochs", 2, 3_000_000, "cpu", None, "pong-appo")
+    differ = {k for k, v in amp.to_dict().items() if reuse.to_dict().get(k) != v}
+    assert differ == {"num_epochs"} and (amp.num_epochs, reuse.num_epochs) == (1, 2)
 
 
 def test_the_stock_pong_appo_path_is_rllib_as_it_ships_with_the_file_s_training_keys():
