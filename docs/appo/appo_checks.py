@@ -2,6 +2,8 @@
 a local learner) learning at all, and how many updates does it make?
 
     python docs/appo/appo_checks.py updates 2000   # env steps trained vs sampled, 4 iterations
+    python docs/appo/appo_checks.py updates 500 amp-native-2epochs   # the same, another path
+    python docs/appo/appo_checks.py entropy pong-appo stock RUN/checkpoints/stock-seed0/iter_N
     python docs/appo/appo_checks.py sync           # the EnvRunner's weights follow the learner's
     python docs/appo/appo_checks.py cartpole amp   # APPO on CartPole to a mean return of 400
     python docs/appo/appo_checks.py cartpole fp32
@@ -17,19 +19,32 @@ sys.path.insert(0, os.getcwd())
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
-def pong(batch: int | None):
+def pong(batch: int | None, path: str = "amp-native", task: str = "pong-appo"):
     from studies.learning import build_config
 
-    return build_config("amp-native", 0, 3_000_000, "cpu", batch, "pong-appo").build_algo()
+    return build_config(path, 0, 3_000_000, "cpu", batch, task).build_algo()
 
 
-def updates(batch: int) -> None:
-    algo = pong(batch)
+def updates(batch: int, path: str = "amp-native") -> None:
+    algo = pong(batch, path)
     for i in range(4):
         r = algo.train()
         trained = r["learners"].get("__all_modules__", {}).get("num_env_steps_trained_lifetime", 0)
         print(f"iteration {i}: sampled {r['num_env_steps_sampled_lifetime']:.0f}, "
-              f"trained {trained:.0f} env steps (batch {batch})", flush=True)  # fmt: skip
+              f"trained {trained:.0f} env steps (batch {batch}, {path})", flush=True)  # fmt: skip
+    algo.stop()
+
+
+def entropy(task: str, path: str, checkpoint: str) -> None:
+    """The policy's entropy on its own samples (the learner's metric; a uniform policy over
+    Pong's 6 actions has ln 6 = 1.79), a few iterations on from a study run's checkpoint."""
+    algo = pong(None, path, task)
+    algo.restore_from_path(checkpoint)
+    for _ in range(3):
+        r = algo.train()
+        value = r["learners"]["default_policy"].get("entropy", float("nan"))
+        print(f"{task} {path} at {r['num_env_steps_sampled_lifetime']:.0f} env steps: "
+              f"entropy {value:.3f}", flush=True)  # fmt: skip
     algo.stop()
 
 
@@ -89,5 +104,6 @@ def cartpole(path: str) -> None:
 
 if __name__ == "__main__":
     what, *rest = sys.argv[1:]
-    {"updates": lambda: updates(int(rest[0])), "sync": sync,
+    {"updates": lambda: updates(int(rest[0]), *rest[1:]), "sync": sync,
+     "entropy": lambda: entropy(*rest),
      "cartpole": lambda: cartpole(rest[0])}[what]()  # fmt: skip
