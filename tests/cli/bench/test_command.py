@@ -235,10 +235,8 @@ sys.exit(main_wrapper("parent", run, None))
 """
 
 
-def test_a_sigterm_to_the_parent_alone_ends_its_child_too():
-    # ``kill PID`` or a scheduler signals the parent only; without passing it on, the parent
-    # waited 60 s for a child that ran on, then killed it (SIGKILL: no cleanup).
-    import signal
+def _parent_with_a_sleeping_child() -> subprocess.Popen:
+    """``_PARENT`` started, once its child is up and sleeping."""
     import time
 
     parent = subprocess.Popen(
@@ -246,8 +244,22 @@ def test_a_sigterm_to_the_parent_alone_ends_its_child_too():
         text=True,
     )  # fmt: skip
     try:
-        assert parent.stdout.readline() == "started\n"
-        time.sleep(3)  # the child is up and sleeping
+        assert parent.stdout is not None and parent.stdout.readline() == "started\n"
+        time.sleep(3)
+    except BaseException:
+        parent.kill()
+        raise
+    return parent
+
+
+def test_a_sigterm_to_the_parent_alone_ends_its_child_too():
+    # ``kill PID`` or a scheduler signals the parent only; without passing it on, the parent
+    # waited 60 s for a child that ran on, then killed it (SIGKILL: no cleanup).
+    import signal
+    import time
+
+    parent = _parent_with_a_sleeping_child()
+    try:
         start = time.monotonic()
         parent.send_signal(signal.SIGTERM)
         _, err = parent.communicate(timeout=120)
@@ -266,14 +278,9 @@ def test_a_second_signal_while_the_parent_waits_for_its_child_ends_both():
     import signal
     import time
 
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    parent = _parent_with_a_sleeping_child()
     child = 0
     try:
-        assert parent.stdout.readline() == "started\n"
-        time.sleep(3)  # the child is up and sleeping
         (child,) = _spawned_children(parent.pid)
         parent.send_signal(signal.SIGINT)
         time.sleep(2)  # the parent is in its 60 s wait
