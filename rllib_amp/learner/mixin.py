@@ -5,6 +5,7 @@ Each override wraps RLlib's own method and hands the AMP part to the module that
     build / add_module             a warm-started scaler per module (or one shared) (scaling)
     _uncompiled_update             RLlib's update step, inside autocast
     compute_losses                 float32 into and out of the loss maths         (precision)
+    compute_loss_for_module        APPO: V-trace bootstraps where fragments end   (vtrace)
     compute_gradients              scaled losses -> RLlib's backward -> unscale   (scaler_set)
     postprocess_gradients          RLlib's grad_clip, outside autocast
     apply_gradients                step or skip per module; no nan_to_num         (scaler_set)
@@ -17,7 +18,8 @@ Each override wraps RLlib's own method and hands the AMP part to the module that
 
 The gradient methods run outside autocast. docs/update-step.md walks through the update step,
 what RLlib's own ``_torch_grad_scaler_class`` hook gets wrong, and each public Learner method
-with the scaler in the loop. In float32 every override defers to RLlib: bit-identical runs.
+with the scaler in the loop. In float32 every override defers to RLlib (bit-identical runs),
+except APPO's V-trace fix, which is not about precision and holds in every one.
 
 Example:
     >>> from ray.rllib.algorithms.ppo import PPOConfig
@@ -54,6 +56,7 @@ from rllib_amp.learner.minibatch import gather_minibatches
 from rllib_amp.learner.precision import Precision, add_float32_islands, resolve, to_float32
 from rllib_amp.learner.report import report_update, values_without_an_update
 from rllib_amp.learner.value_pass import value_pass
+from rllib_amp.learner.vtrace import bootstrap_without_weight
 from rllib_amp.log_events import event
 from rllib_amp.scaling.scaler import PolicyScaler
 from rllib_amp.scaling.scaler_set import ScalerSet, check_no_rllib_grad_scaler, outside_autocast
@@ -185,6 +188,16 @@ class AmpLearnerMixin(_MixinBase):
             return super().compute_losses(fwd_out=fwd_out, batch=batch)
         # Loss maths (log-probs, ratios, KL, value / TD errors, entropy) see float32.
         return to_float32(super().compute_losses(fwd_out=to_float32(fwd_out), batch=batch))
+
+    @override(Learner)
+    def compute_loss_for_module(
+        self, *, module_id: ModuleID, config: Any, batch: dict[str, Any], fwd_out: dict[str, Any]
+    ) -> TensorType:
+        if isinstance(self, IMPALALearner):
+            batch = bootstrap_without_weight(batch)
+        return super().compute_loss_for_module(
+            module_id=module_id, config=config, batch=batch, fwd_out=fwd_out
+        )
 
     @override(TorchLearner)
     def compute_gradients(

@@ -40,6 +40,12 @@ EXPECTED = {
     "build": [],
     "_uncompiled_update": [("batch", P.POSITIONAL_OR_KEYWORD)],
     "compute_losses": [("fwd_out", P.KEYWORD_ONLY), ("batch", P.KEYWORD_ONLY)],
+    "compute_loss_for_module": [
+        ("module_id", P.KEYWORD_ONLY),
+        ("config", P.KEYWORD_ONLY),
+        ("batch", P.KEYWORD_ONLY),
+        ("fwd_out", P.KEYWORD_ONLY),
+    ],
     "compute_gradients": [("loss_per_module", P.POSITIONAL_OR_KEYWORD)],
     "postprocess_gradients": [("gradients_dict", P.POSITIONAL_OR_KEYWORD)],
     "apply_gradients": [("gradients_dict", P.POSITIONAL_OR_KEYWORD)],

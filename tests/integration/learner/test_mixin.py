@@ -91,6 +91,34 @@ def test_trains_under_amp(algo, dtype, caplog):
         a.stop()
 
 
+@pytest.mark.parametrize("amp", [{"enabled": False}, {"dtype": "bfloat16"}], ids=["off", "bf16"])
+@pytest.mark.usefixtures("ray_local")
+def test_appos_loss_gets_bootstrap_steps_without_weight(amp, monkeypatch):
+    """RLlib's APPO loss sees +inf behaviour log-probs at the masked (bootstrap) steps, in
+    every precision (rllib_amp.learner.vtrace), and training stays finite."""
+    from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
+    from ray.rllib.core.columns import Columns
+
+    seen = []
+    rllib_loss = APPOTorchLearner.compute_loss_for_module
+
+    def spy(self, *, batch, **kwargs):
+        seen.append((batch[Columns.LOSS_MASK].bool(), batch[Columns.ACTION_LOGP].clone()))
+        return rllib_loss(self, batch=batch, **kwargs)
+
+    monkeypatch.setattr(APPOTorchLearner, "compute_loss_for_module", spy)
+    a = amp_config("APPO", **amp).build_algo()
+    try:
+        train_until_learned(a, iterations=2)
+        assert all_finite(weights(a))
+    finally:
+        a.stop()
+    assert seen
+    for mask, logp in seen:
+        assert (~mask).any(), "no bootstrap step in the batch"
+        assert torch.isinf(logp[~mask]).all() and torch.isfinite(logp[mask]).all()
+
+
 @pytest.mark.usefixtures("ray_local")
 def test_forward_runs_in_low_precision_and_loss_in_float32():
     """The module's forward_train sees autocast; the loss inputs are float32."""
