@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from rllib_amp.experiment.data import CheckpointSection, ExperimentData
 from rllib_amp.experiment.errors import ExperimentError
-from rllib_amp.experiment.preflight import preflight
 from rllib_amp.experiment.reading import parse_override, read_file
 from rllib_amp.experiment.sampler import SAMPLERS, Sampler
 from rllib_amp.experiment.schema import TOP_KEYS, override_parts, validate, with_override
@@ -44,7 +43,6 @@ __all__ = [
     "Sampler",
     "load",
     "parse_override",
-    "preflight",
     "validate",
 ]
 

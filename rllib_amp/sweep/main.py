@@ -50,6 +50,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
     from rllib_amp import experiment  # not before: --help answers without the schema loaded
+    from rllib_amp.experiment.preflight import preflight
 
     try:
         exp = experiment.load(find_config(args.config), overrides=args.overrides)
@@ -64,7 +65,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 f"or pass --max-trials {trials} to run them all"
             )
         with RllibNotices() as notices:  # shown once the trials start: a refusal stays one line
-            checked = experiment.preflight(exp)  # what --dry-run proves, and a real run before Ray
+            checked = preflight(exp)  # what --dry-run proves, and a real run before Ray
             return _checked_run(args, exp, trials, checked, notices)
     except experiment.ExperimentError as e:
         raise UsageError(str(e)) from None

@@ -11,7 +11,7 @@ import pytest
 from rllib_amp import experiment as E
 from rllib_amp.experiment.results import catalog
 
-# The module (the package exports its function under the same name).
+# The module (imported by name: the package does not import it, so there is no cycle).
 P = importlib.import_module("rllib_amp.experiment.preflight")
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -42,7 +42,7 @@ def exp(**sections):
 
 def refused(experiment) -> str:
     with pytest.raises(E.ExperimentError) as e:
-        E.preflight(experiment)
+        P.preflight(experiment)
     msg = str(e.value)
     assert msg.startswith("<t>: ") and "\n" not in msg, msg
     return msg
@@ -50,12 +50,12 @@ def refused(experiment) -> str:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(c) for c in CONFIGS])
 def test_every_shipped_config_passes_preflight(path):
-    summary = E.preflight(E.load(path))
+    summary = P.preflight(E.load(path))
     assert "built and validated by RLlib" in summary
 
 
 def test_preflight_prints_nothing_on_stderr_even_for_atari(capfd):
-    E.preflight(E.load(os.path.join(ROOT, "tune_configs", "pong_ppo_amp.yaml")))
+    P.preflight(E.load(os.path.join(ROOT, "tune_configs", "pong_ppo_amp.yaml")))
     assert capfd.readouterr().err == ""  # no RLlib warnings, no ALE banner on fd 2
 
 
@@ -152,10 +152,10 @@ def test_env_and_module_are_built_once_per_distinct_variant(monkeypatch):
     calls = []
     real = P._build_runtime
     monkeypatch.setattr(P, "_build_runtime", lambda *a: calls.append(a[1]) or real(*a))
-    E.preflight(exp(search={"seed": {"grid": [0, 1, 2]}, "training.lr": {"grid": [1e-3, 1e-4]}}))
+    P.preflight(exp(search={"seed": {"grid": [0, 1, 2]}, "training.lr": {"grid": [1e-3, 1e-4]}}))
     assert len(calls) == 1
     calls.clear()
-    E.preflight(exp(search={"model.fcnet_hiddens": {"grid": [[8], [16]]}}))
+    P.preflight(exp(search={"model.fcnet_hiddens": {"grid": [[8], [16]]}}))
     assert len(calls) == 2
 
 
@@ -193,7 +193,7 @@ def test_keys_of_another_algorithm_are_refused():
 
 
 def test_reported_keys_and_config_keys_pass():
-    E.preflight(
+    P.preflight(
         exp(
             stop={"env_runners/episode_return_mean": 400, "time_total_s": 60, "config/lr": 1},
             tune={"metric": "learners/default_policy/amp_grad_scale", "mode": "min"},
