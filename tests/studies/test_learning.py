@@ -513,10 +513,14 @@ def test_the_committed_pong_dqn_evidence_is_built_from_its_parquet_files():
 
 def test_the_committed_pong_appo_evidence_is_built_from_its_parquet_files():
     # docs/appo/pong/ holds the APPO run with RLlib's tuned example's keys, its table copied
-    # into docs/dqn.md; docs/appo/pong_batch2000/ the run with the file's first settings.
+    # into docs/dqn.md; docs/appo/pong_vtrace/ the run after the V-trace fix, its table there
+    # too; docs/appo/pong_batch2000/ the run with the file's first settings.
     appo = C.TASKS["pong-appo"]
     _committed_evidence(
         os.path.join(ROOT, "docs", "appo", "pong"), P.PONG_APPO_PATHS, appo, ("docs/dqn.md",)
+    )
+    _committed_evidence(
+        os.path.join(ROOT, "docs", "appo", "pong_vtrace"), P.PONG_APPO_PATHS, appo, ("docs/dqn.md",)
     )
     first = _committed_evidence(
         os.path.join(ROOT, "docs", "appo", "pong_batch2000"), P.PONG_APPO_PATHS, appo, ()
