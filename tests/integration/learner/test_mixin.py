@@ -111,6 +111,11 @@ def test_appos_loss_gets_bootstrap_steps_without_weight(amp, monkeypatch):
     try:
         train_until_learned(a, iterations=2)
         assert all_finite(weights(a))
+        # The +inf is safe because no gradient reaches the old policy's log-probs: RLlib builds
+        # APPO's target networks without gradients (a module that trains them would get nan).
+        module = learner(a).module["default_policy"].unwrapped()
+        targets = [t for _, t in module.get_target_network_pairs()]
+        assert targets and not any(p.requires_grad for t in targets for p in t.parameters())
     finally:
         a.stop()
     assert seen

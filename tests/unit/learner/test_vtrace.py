@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ray.rllib.algorithms.impala.torch.vtrace_torch_v2 import vtrace_torch
+from ray.rllib.algorithms.impala.torch.vtrace_torch_v2 import make_time_major, vtrace_torch
 from ray.rllib.core.columns import Columns
 
 from rllib_amp.learner.vtrace import bootstrap_without_weight
@@ -124,3 +124,56 @@ def test_the_callers_batch_is_untouched_and_a_batch_without_a_mask_passes_throug
     assert fixed[Columns.ACTION_LOGP][-1] == torch.inf
     plain = {Columns.ACTION_LOGP: before}
     assert bootstrap_without_weight(plain) is plain
+
+
+def _row_layout_vtrace(batch: dict, t: int) -> torch.Tensor:
+    """Value targets of the real steps as RLlib's APPO loss lays the flat batch out: rows of
+    ``t`` consecutive steps (``make_time_major``, zero-padded), each row's last step
+    bootstrapped from the next row's first value."""
+    n = len(batch[Columns.LOSS_MASK])
+
+    def tm(x):
+        return make_time_major(x.float(), trajectory_len=t)
+
+    mask = batch[Columns.LOSS_MASK]
+    discounts = tm((1.0 - batch[Columns.TERMINATEDS].float()) * GAMMA * mask.float())
+    values = tm(batch["values"])
+    vs, _ = vtrace_torch(
+        target_action_log_probs=tm(batch["target_logp"]),
+        behaviour_action_log_probs=tm(batch[Columns.ACTION_LOGP]),
+        discounts=discounts,
+        rewards=tm(batch[Columns.REWARDS]),
+        values=values,
+        bootstrap_values=torch.cat([values[0][1:], values[0][:1]]),
+        clip_pg_rho_threshold=1.0,
+        clip_rho_threshold=1.0,
+    )
+    return vs.transpose(0, 1).reshape(-1)[:n][mask]
+
+
+def _returns_to_row_or_chunk_end(batch: dict, t: int) -> torch.Tensor:
+    """On-policy, V-trace's target is the return up to the end of the step's row or of its
+    chunk, whichever comes first, bootstrapped from the next step's value."""
+    mask, r, v = batch[Columns.LOSS_MASK], batch[Columns.REWARDS], batch["values"]
+    out = []
+    for i in torch.nonzero(mask).flatten().tolist():
+        ret, k, j = 0.0, 0, i
+        while True:
+            ret += GAMMA**k * r[j].item()
+            if (j + 1) % t == 0 or not mask[j + 1]:
+                break
+            j, k = j + 1, k + 1
+        out.append(ret + GAMMA ** (k + 1) * v[j + 1].item())
+    return torch.tensor(out)
+
+
+def test_in_rllibs_row_layout_the_fix_bootstraps_the_steps_that_share_a_row_with_a_chunk_end():
+    """RLlib's rows (here 5 steps) do not line up with the chunks (5 real steps + 1): the
+    steps in the same row before a chunk's appended step are the ones RLlib cuts off."""
+    batch = _chunks(5, 5, 5, seed=3)
+    batch["target_logp"] = batch[Columns.ACTION_LOGP].clone()  # on-policy
+    want = _returns_to_row_or_chunk_end(batch, 5)
+    torch.testing.assert_close(_row_layout_vtrace(bootstrap_without_weight(batch), 5), want)
+    cut = (_row_layout_vtrace(batch, 5) - want).abs() > 1e-6
+    # Chunk k's appended step sits at place k of its row: k real steps before it are cut.
+    assert cut.tolist() == [False] * 5 + [False] * 4 + [True] + [False] * 3 + [True] * 2
