@@ -110,6 +110,12 @@ class AmpLearnerMixin(_MixinBase):
         self._amp_settings = settings_from_config(self.config)
         self._amp_precision = resolve(self._amp_settings, self.device)
         self._amp_scaler_set = ScalerSet()
+        if isinstance(self, IMPALALearner):
+            logger.info(
+                "rllib_amp: V-trace bootstraps where rollout fragments end, unlike RLlib 2.60's "
+                'APPO loss (docs/update-step.md, "APPO\'s V-trace")',
+                extra=event("vtrace_bootstrap"),
+            )
         if not self.amp_enabled:
             logger.info(
                 "rllib_amp: all modules train in %s",

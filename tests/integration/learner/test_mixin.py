@@ -93,9 +93,11 @@ def test_trains_under_amp(algo, dtype, caplog):
 
 @pytest.mark.parametrize("amp", [{"enabled": False}, {"dtype": "bfloat16"}], ids=["off", "bf16"])
 @pytest.mark.usefixtures("ray_local")
-def test_appos_loss_gets_bootstrap_steps_without_weight(amp, monkeypatch):
+def test_appos_loss_gets_bootstrap_steps_without_weight(amp, monkeypatch, caplog):
     """RLlib's APPO loss sees +inf behaviour log-probs at the masked (bootstrap) steps, in
-    every precision (rllib_amp.learner.vtrace), and training stays finite."""
+    every precision (rllib_amp.learner.vtrace), training stays finite, and the learner says
+    once that its loss differs from RLlib's there."""
+    caplog.set_level(logging.INFO, logger="rllib_amp")
     from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
     from ray.rllib.core.columns import Columns
 
@@ -118,6 +120,8 @@ def test_appos_loss_gets_bootstrap_steps_without_weight(amp, monkeypatch):
         assert targets and not any(p.requires_grad for t in targets for p in t.parameters())
     finally:
         a.stop()
+    said = [r for r in caplog.records if getattr(r, "amp_event", None) == "vtrace_bootstrap"]
+    assert len(said) == 1 and "docs/update-step.md" in said[0].getMessage()
     assert seen
     for mask, logp in seen:
         assert (~mask).any(), "no bootstrap step in the batch"
