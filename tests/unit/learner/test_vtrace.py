@@ -38,22 +38,32 @@ def _chunks(*lengths: int, terminated_last: bool = False, seed: int = 0) -> dict
     }
 
 
-def _rllib_vtrace(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(value targets, advantages) as RLlib's APPO loss computes them, one column, real steps."""
-    mask = batch[Columns.LOSS_MASK].float()
-    discounts = (1.0 - batch[Columns.TERMINATEDS].float()) * GAMMA * mask
+def _rllib_vtrace(batch: dict, t: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value targets, advantages) of the real steps as RLlib's APPO loss computes them: the
+    flat batch in rows of ``t`` consecutive steps (``make_time_major``, zero-padded; default
+    one row), each row's last step bootstrapped from the next row's first value."""
+    mask = batch[Columns.LOSS_MASK]
+    n = len(mask)
+
+    def tm(x):
+        return make_time_major(x.float(), trajectory_len=t or n)
+
+    values = tm(batch["values"])
     vs, adv = vtrace_torch(
-        target_action_log_probs=batch["target_logp"][:, None],
-        behaviour_action_log_probs=batch[Columns.ACTION_LOGP][:, None],
-        discounts=discounts[:, None],
-        rewards=batch[Columns.REWARDS][:, None],
-        values=batch["values"][:, None],
-        bootstrap_values=batch["values"][:1],
+        target_action_log_probs=tm(batch["target_logp"]),
+        behaviour_action_log_probs=tm(batch[Columns.ACTION_LOGP]),
+        discounts=tm((1.0 - batch[Columns.TERMINATEDS].float()) * GAMMA * mask.float()),
+        rewards=tm(batch[Columns.REWARDS]),
+        values=values,
+        bootstrap_values=torch.cat([values[0][1:], values[0][:1]]),
         clip_pg_rho_threshold=1.0,
         clip_rho_threshold=1.0,
     )
-    real = batch[Columns.LOSS_MASK]
-    return vs[:, 0][real], adv[:, 0][real]
+
+    def real(x):
+        return x.transpose(0, 1).reshape(-1)[:n][mask]
+
+    return real(vs), real(adv)
 
 
 def _each_chunk_alone(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,31 +136,6 @@ def test_the_callers_batch_is_untouched_and_a_batch_without_a_mask_passes_throug
     assert bootstrap_without_weight(plain) is plain
 
 
-def _row_layout_vtrace(batch: dict, t: int) -> torch.Tensor:
-    """Value targets of the real steps as RLlib's APPO loss lays the flat batch out: rows of
-    ``t`` consecutive steps (``make_time_major``, zero-padded), each row's last step
-    bootstrapped from the next row's first value."""
-    n = len(batch[Columns.LOSS_MASK])
-
-    def tm(x):
-        return make_time_major(x.float(), trajectory_len=t)
-
-    mask = batch[Columns.LOSS_MASK]
-    discounts = tm((1.0 - batch[Columns.TERMINATEDS].float()) * GAMMA * mask.float())
-    values = tm(batch["values"])
-    vs, _ = vtrace_torch(
-        target_action_log_probs=tm(batch["target_logp"]),
-        behaviour_action_log_probs=tm(batch[Columns.ACTION_LOGP]),
-        discounts=discounts,
-        rewards=tm(batch[Columns.REWARDS]),
-        values=values,
-        bootstrap_values=torch.cat([values[0][1:], values[0][:1]]),
-        clip_pg_rho_threshold=1.0,
-        clip_rho_threshold=1.0,
-    )
-    return vs.transpose(0, 1).reshape(-1)[:n][mask]
-
-
 def _returns_to_row_or_chunk_end(batch: dict, t: int) -> torch.Tensor:
     """On-policy, V-trace's target is the return up to the end of the step's row or of its
     chunk, whichever comes first, bootstrapped from the next step's value."""
@@ -173,7 +158,7 @@ def test_in_rllibs_row_layout_the_fix_bootstraps_the_steps_that_share_a_row_with
     batch = _chunks(5, 5, 5, seed=3)
     batch["target_logp"] = batch[Columns.ACTION_LOGP].clone()  # on-policy
     want = _returns_to_row_or_chunk_end(batch, 5)
-    torch.testing.assert_close(_row_layout_vtrace(bootstrap_without_weight(batch), 5), want)
-    cut = (_row_layout_vtrace(batch, 5) - want).abs() > 1e-6
+    torch.testing.assert_close(_rllib_vtrace(bootstrap_without_weight(batch), 5)[0], want)
+    cut = (_rllib_vtrace(batch, 5)[0] - want).abs() > 1e-6
     # Chunk k's appended step sits at place k of its row: k real steps before it are cut.
     assert cut.tolist() == [False] * 5 + [False] * 4 + [True] + [False] * 3 + [True] * 2
