@@ -252,18 +252,24 @@ def _parent_with_a_sleeping_child() -> subprocess.Popen:
     return parent
 
 
+def _signal_and_wait(parent, signum: int, *, timeout: float) -> tuple[str, float]:
+    """(the parent's stderr, seconds from ``signum`` to its exit)."""
+    import time
+
+    start = time.monotonic()
+    parent.send_signal(signum)
+    _, err = parent.communicate(timeout=timeout)
+    return err, time.monotonic() - start
+
+
 def test_a_sigterm_to_the_parent_alone_ends_its_child_too():
     # ``kill PID`` or a scheduler signals the parent only; without passing it on, the parent
     # waited 60 s for a child that ran on, then killed it (SIGKILL: no cleanup).
     import signal
-    import time
 
     parent = _parent_with_a_sleeping_child()
     try:
-        start = time.monotonic()
-        parent.send_signal(signal.SIGTERM)
-        _, err = parent.communicate(timeout=120)
-        took = time.monotonic() - start
+        err, took = _signal_and_wait(parent, signal.SIGTERM, timeout=120)
     finally:
         parent.kill()
     assert parent.returncode == 128 + signal.SIGTERM, err
@@ -285,10 +291,7 @@ def test_a_second_signal_while_the_parent_waits_for_its_child_ends_both():
         parent.send_signal(signal.SIGINT)
         time.sleep(2)  # the parent is in its 60 s wait
         assert _alive(child)
-        start = time.monotonic()
-        parent.send_signal(signal.SIGTERM)
-        _, err = parent.communicate(timeout=90)
-        took = time.monotonic() - start
+        err, took = _signal_and_wait(parent, signal.SIGTERM, timeout=90)
     finally:
         parent.kill()
         if child and _alive(child):
