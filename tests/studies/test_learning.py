@@ -509,6 +509,9 @@ def test_the_committed_pong_dqn_evidence_is_built_from_its_parquet_files():
     for f in fp32:
         assert f"fp32-native seed 0 is at {f['return_at_1M']:+.1f} at 1M" in page
     assert os.path.exists(os.path.join(folder, "learning.png"))
+    # docs/dqn/pong_seed1_2m/: the seed-1 2M run while it is under way (docs/dqn.md's copy).
+    seed1 = os.path.join(ROOT, "docs", "dqn", "pong_seed1_2m")
+    _committed_evidence(seed1, P.PONG_DQN_PATHS, C.PONG_DQN, ("docs/dqn.md",))
 
 
 def test_the_committed_pong_appo_evidence_is_built_from_its_parquet_files():
