@@ -142,6 +142,8 @@ def test_python_m_rllib_amp_tune_is_the_one_entry_point_that_opts_in(monkeypatch
     import rllib_amp.sweep.main as sweep_main
 
     monkeypatch.setattr(cli, "_command_process", False)
+    # As `python -m` finds it: not yet imported (else runpy warns that it runs a second copy).
+    monkeypatch.delitem(sys.modules, "rllib_amp.tune", raising=False)
     seen = []
     monkeypatch.setattr(sweep_main, "main", lambda: seen.append(cli.may_end_process()) or 0)
     with pytest.raises(SystemExit) as e:
