@@ -8,6 +8,11 @@ checks the whole checkpoint first (``verify_checkpoint``), including every state
 RLlib's restore will read (``rllib_restore_files``); every save writes a manifest of
 checksums after RLlib's own files.
 
+A restored algorithm with a replay buffer (DQN) samples ``num_steps_sampled_before_learning_starts``
+env steps into it before it updates again, as at a run's start: RLlib's checkpoints restore the
+count of steps sampled but not the buffer, so RLlib's DQN would go on training at once on a
+nearly empty buffer (``tests/integration/checkpoints/test_algorithm.py`` pins that).
+
 A Tune trial whose checkpoint is damaged restores the newest intact older one of the same
 trial instead (``fallback.intact_checkpoint_before``), on a resume and on Tune's own retries
 alike. An iteration in which no update finished (APPO waits for its first batch) gets its
@@ -34,7 +39,12 @@ from ray.rllib.core.learner.learner import Learner
 from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
-from ray.rllib.utils.metrics import LEARNER_RESULTS
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    LEARNER_RESULTS,
+    NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+)
 from ray.rllib.utils.typing import ResultDict, StateDict
 from ray.train import Checkpoint
 from ray.tune import Trainable
@@ -97,6 +107,43 @@ class AmpAlgorithmMixin(_MixinBase):
         )
         verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
+        start = getattr(self.config, "num_steps_sampled_before_learning_starts", None)
+        if component is None and start and getattr(self, "local_replay_buffer", None) is not None:
+            self._refill_until = self._steps_sampled() + start
+            logger.info(
+                "rllib_amp: a checkpoint holds no replay buffer: %s samples %d env steps into "
+                "it (num_steps_sampled_before_learning_starts) before it updates again",
+                type(self).__name__,
+                start,
+                extra=event("replay_refill", steps=start, until=self._refill_until),
+            )
+
+    # After a restore: learning starts again once this many steps are sampled (None: as RLlib).
+    _refill_until: int | None = None
+
+    @override(Algorithm)
+    def training_step(self) -> Any:
+        until = self._refill_until
+        if until is None:
+            return super().training_step()
+        # RLlib's DQN compares the steps sampled with this key: shifted, for this step only.
+        algo: Any = self
+        config = algo.config
+        algo.config = config.copy(copy_frozen=False)
+        algo.config.num_steps_sampled_before_learning_starts = until
+        try:
+            return super().training_step()
+        finally:
+            algo.config = config
+            if self._steps_sampled() >= until:
+                self._refill_until = None
+
+    def _steps_sampled(self) -> int:
+        """The lifetime steps sampled, as RLlib's DQN ``training_step`` counts them."""
+        agents = self.config.count_steps_by == "agent_steps"
+        key = NUM_AGENT_STEPS_SAMPLED_LIFETIME if agents else NUM_ENV_STEPS_SAMPLED_LIFETIME
+        value = self.metrics.peek((ENV_RUNNER_RESULTS, key), default=0)
+        return int(sum(value.values()) if isinstance(value, dict) else value)
 
     @override(Trainable)
     def restore(self, checkpoint_path: Any) -> None:
