@@ -8,10 +8,11 @@ checks the whole checkpoint first (``verify_checkpoint``), including every state
 RLlib's restore will read (``rllib_restore_files``); every save writes a manifest of
 checksums after RLlib's own files.
 
-A restored algorithm with a replay buffer (DQN) samples ``num_steps_sampled_before_learning_starts``
-env steps into it before it updates again, as at a run's start: RLlib's checkpoints restore the
-count of steps sampled but not the buffer, so RLlib's DQN would go on training at once on a
-nearly empty buffer (``tests/integration/checkpoints/test_algorithm.py`` pins that).
+A restored algorithm with a replay buffer (DQN) fills it to
+``num_steps_sampled_before_learning_starts`` env steps before it updates again, as at a run's
+start: RLlib's checkpoints restore the count of steps sampled but not the buffer, so RLlib's DQN
+would go on training at once on a nearly empty buffer
+(``tests/integration/checkpoints/test_algorithm.py`` pins that).
 
 A Tune trial whose checkpoint is damaged restores the newest intact older one of the same
 trial instead (``fallback.intact_checkpoint_before``), on a resume and on Tune's own retries
@@ -108,14 +109,18 @@ class AmpAlgorithmMixin(_MixinBase):
         verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
         start = getattr(self.config, "num_steps_sampled_before_learning_starts", None)
-        if component is None and start and getattr(self, "local_replay_buffer", None) is not None:
-            self._refill_until = self._steps_sampled() + start
+        buffer: Any = getattr(self, "local_replay_buffer", None)
+        whole = component is None and start and buffer is not None  # an empty buffer is falsy
+        missing = start - buffer.get_num_timesteps() if whole else 0
+        if missing > 0:  # a live algorithm (a PBT exploit that reuses it) keeps its buffer
+            self._refill_until = self._steps_sampled() + missing
             logger.info(
-                "rllib_amp: a checkpoint holds no replay buffer: %s samples %d env steps into "
-                "it (num_steps_sampled_before_learning_starts) before it updates again",
+                "rllib_amp: no checkpoint holds the replay buffer: %s samples %d env steps into "
+                "it (num_steps_sampled_before_learning_starts %d) before it updates again",
                 type(self).__name__,
+                missing,
                 start,
-                extra=event("replay_refill", steps=start, until=self._refill_until),
+                extra=event("replay_refill", steps=missing, until=self._refill_until),
             )
 
     # After a restore: learning starts again once this many steps are sampled (None: as RLlib).

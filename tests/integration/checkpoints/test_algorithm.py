@@ -315,5 +315,12 @@ def test_a_restored_dqn_refills_its_replay_buffer_before_it_updates_again(ours, 
         msgs = [(r.amp_event, r.amp_fields) for r in caplog.records if hasattr(r, "amp_event")]
         assert msgs == [("replay_refill", {"steps": 96, "until": sampled + 96})]
         assert b.config.num_steps_sampled_before_learning_starts == 96  # the config as it was
+        # Restored in place, as a PBT exploit that reuses the algorithm does: its buffer holds
+        # enough, so it updates at once and says nothing.
+        caplog.clear()
+        b.restore_from_path(str(tmp_path))
+        stats = b.train()["learners"]["default_policy"]
+        assert stats["num_module_steps_trained"] > 0
+        assert not [r for r in caplog.records if hasattr(r, "amp_event")]
     finally:
         b.stop()
