@@ -59,15 +59,20 @@ def test_save_and_restore_keep_the_signatures_our_overrides_pass_through(cls):
     ]
 
 
-def test_the_algorithm_overrides_are_the_checkpoint_methods_and_step():
-    overridden = {n for n, v in vars(AmpAlgorithmMixin).items() if callable(v)}
-    assert overridden == {"save_to_path", "restore_from_path", "restore", "step"}
-    # step fills the AMP metrics of a result without learner results: RLlib's returns the
-    # iteration's results dict, learner results under LEARNER_RESULTS.
+def test_the_algorithm_overrides_are_the_checkpoint_methods_step_and_training_step():
     from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.algorithms.dqn import DQN
     from ray.rllib.utils.metrics import LEARNER_RESULTS
 
+    overridden = {
+        n for n, v in vars(AmpAlgorithmMixin).items() if callable(v) and hasattr(Algorithm, n)
+    }
+    assert overridden == {"save_to_path", "restore_from_path", "restore", "step", "training_step"}
+    # step fills the AMP metrics of a result without learner results: RLlib's returns the
+    # iteration's results dict, learner results under LEARNER_RESULTS.
     assert _params(Algorithm.step) == [] and LEARNER_RESULTS == "learners"
+    # training_step (a restored DQN's buffer refill) is called without arguments.
+    assert _params(Algorithm.training_step) == [] and _params(DQN.training_step) == []
 
 
 def test_tune_restores_a_trial_through_trainable_restore_with_its_record():
