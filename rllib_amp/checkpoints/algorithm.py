@@ -108,20 +108,36 @@ class AmpAlgorithmMixin(_MixinBase):
         )
         verify_checkpoint(path, filesystem=filesystem, required=required)
         super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
-        start = getattr(self.config, "num_steps_sampled_before_learning_starts", None)
+        if component is None:
+            self._refill_until = self._refill_target()
+
+    def _refill_target(self) -> int | None:
+        """After a whole restore: the steps sampled at which a DQN may update again, as its
+        buffer lacks steps (RLlib 2.60's new stack checkpoints no buffer and ignores
+        ``store_buffer_in_checkpoints``); None when it holds enough or there is no buffer."""
+        config = self.config
+        start = getattr(config, "num_steps_sampled_before_learning_starts", None)
         buffer: Any = getattr(self, "local_replay_buffer", None)
-        whole = component is None and start and buffer is not None  # an empty buffer is falsy
-        missing = start - buffer.get_num_timesteps() if whole else 0
-        if missing > 0:  # a live algorithm (a PBT exploit that reuses it) keeps its buffer
-            self._refill_until = self._steps_sampled() + missing
-            logger.info(
-                "rllib_amp: no checkpoint holds the replay buffer: %s samples %d env steps into "
-                "it (num_steps_sampled_before_learning_starts %d) before it updates again",
-                type(self).__name__,
-                missing,
-                start,
-                extra=event("replay_refill", steps=missing, until=self._refill_until),
-            )
+        if not (start and buffer is not None and config.enable_env_runner_and_connector_v2):
+            return None
+        agents = config.count_steps_by == "agent_steps" and hasattr(
+            buffer, "get_num_agent_timesteps"
+        )
+        missing = start - (
+            buffer.get_num_agent_timesteps() if agents else buffer.get_num_timesteps()
+        )
+        if missing <= 0:  # a live algorithm (a PBT exploit that reuses it) keeps its buffer
+            return None
+        until = self._steps_sampled() + missing
+        logger.info(
+            "rllib_amp: no checkpoint holds the replay buffer: %s samples %d more steps into it "
+            "(num_steps_sampled_before_learning_starts %d) before it updates again",
+            type(self).__name__,
+            missing,
+            start,
+            extra=event("replay_refill", steps=missing, until=until),
+        )
+        return until
 
     # After a restore: learning starts again once this many steps are sampled (None: as RLlib).
     _refill_until: int | None = None

@@ -280,6 +280,12 @@ def test_a_refused_restore_leaves_weights_and_scaler_as_they_were(tmp_path):
         b.stop()
 
 
+def _updated(result) -> bool:
+    """Whether the iteration updated the module (nan, or no entry: it did not)."""
+    stats = result.get("learners", {}).get("default_policy", {})
+    return float(stats.get("num_module_steps_trained", 0)) > 0
+
+
 @pytest.mark.parametrize("ours", [True, False], ids=["rllib_amp", "stock_rllib"])
 def test_a_restored_dqn_refills_its_replay_buffer_before_it_updates_again(ours, tmp_path, caplog):
     # 32 env steps an iteration, learning from 96: a fresh run's first update is in its 3rd.
@@ -302,9 +308,8 @@ def test_a_restored_dqn_refills_its_replay_buffer_before_it_updates_again(ours, 
         assert sampled >= 96 and b.local_replay_buffer.get_num_timesteps() == 0
         buffer, trained = [], []
         for _ in range(4):
-            stats = b.train().get("learners", {}).get("default_policy", {})
+            trained.append(_updated(b.train()))
             buffer.append(b.local_replay_buffer.get_num_timesteps())
-            trained.append(float(stats.get("num_module_steps_trained", 0)) > 0)  # nan: none
         assert buffer == [32, 64, 96, 128]
         if not ours:
             # RLlib 2.60 updates at once on a buffer of 32 steps (its DQN compares the steps
@@ -315,12 +320,16 @@ def test_a_restored_dqn_refills_its_replay_buffer_before_it_updates_again(ours, 
         msgs = [(r.amp_event, r.amp_fields) for r in caplog.records if hasattr(r, "amp_event")]
         assert msgs == [("replay_refill", {"steps": 96, "until": sampled + 96})]
         assert b.config.num_steps_sampled_before_learning_starts == 96  # the config as it was
+        c = Algorithm.from_checkpoint(str(tmp_path))  # a new algorithm: the same refill
+        try:
+            assert not _updated(c.train()) and c._refill_until == sampled + 96
+        finally:
+            c.stop()
         # Restored in place, as a PBT exploit that reuses the algorithm does: its buffer holds
         # enough, so it updates at once and says nothing.
         caplog.clear()
         b.restore_from_path(str(tmp_path))
-        stats = b.train()["learners"]["default_policy"]
-        assert stats["num_module_steps_trained"] > 0
+        assert _updated(b.train())
         assert not [r for r in caplog.records if hasattr(r, "amp_event")]
     finally:
         b.stop()
