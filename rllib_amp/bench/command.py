@@ -36,6 +36,7 @@ from rllib_amp.bench.workloads import (
 from rllib_amp.checks import suggest
 from rllib_amp.cli import Parser, UsageError, main_wrapper
 from rllib_amp.envs.atari import NATIVE, WRAPPERS
+from rllib_amp.sweep.ray_address import LOCAL_RAY_ENV
 
 PROG = "python -m rllib_amp.bench"
 PARITY_SEEDS = (0, 1, 2)
@@ -170,6 +171,40 @@ def run(argv: Sequence[str] | None = None) -> int:
         if args.json:
             report.write_partial({**results, **(part or {})}, args.json)
 
+    # The measuring children get what `python -m rllib_amp.tune` gives its local Ray (idle
+    # torch threads sleep, docs/performance.md) unless the environment sets it; restored after.
+    added = {k: v for k, v in LOCAL_RAY_ENV.items() if k not in os.environ}
+    policy = os.environ.get("OMP_WAIT_POLICY") or added.get("OMP_WAIT_POLICY", "unset")
+    os.environ.update(added)
+    try:
+        _measure(args, algos, models, reps, device, variants, results, save)
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+    rows = report.rows_from(results)
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    header = (
+        f"rllib-amp benchmark, {date}, {report.machine_description(device)}; medians of {reps} "
+        f"interleaved repetitions; OMP_WAIT_POLICY {policy}; {time.time() - started:.0f} s"
+    )
+    print(report.markdown(rows, header), end="\n\n")
+    print(report.markdown_targets(report.targets(results)), end="\n\n")
+    print(report.markdown_bounds(report.end_to_end_bounds(results)))
+    report.write_outputs(rows, results, args.json, args.out, header)
+    return 0
+
+
+def _measure(
+    args: argparse.Namespace,
+    algos: list[str],
+    models: list[str],
+    reps: int,
+    device: str,
+    variants: Any,
+    results: Results,
+    save: Callable[..., None],
+) -> None:
+    """Every figure the run asks for, into ``results``, saved (``save``) after each."""
     with tempfile.TemporaryDirectory() as tmp:
         for algo in algos:
             data_path = os.path.join(tmp, f"{algo}.pkl")
@@ -203,17 +238,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     if not args.quick:
         print(f"[bench] CartPole learning parity ({len(PARITY_SEEDS)} seeds)", file=sys.stderr)
         results["parity"] = figures.bench_parity(("fp32", "amp-auto"), PARITY_SEEDS)
-    rows = report.rows_from(results)
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-    header = (
-        f"rllib-amp benchmark, {date}, {report.machine_description(device)}; medians of {reps} "
-        f"interleaved repetitions; {time.time() - started:.0f} s"
-    )
-    print(report.markdown(rows, header), end="\n\n")
-    print(report.markdown_targets(report.targets(results)), end="\n\n")
-    print(report.markdown_bounds(report.end_to_end_bounds(results)))
-    report.write_outputs(rows, results, args.json, args.out, header)
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

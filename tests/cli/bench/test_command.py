@@ -441,3 +441,23 @@ def test_dqn_batches_give_update_time_and_memory_per_batch_and_variant(monkeypat
     ]  # fmt: skip
     mem = [r for r in rows if r["figure"] == "DQN update peak memory by batch"]
     assert len(mem) == 6 and mem[1]["ratio_to_fp32"] == 0.25 and mem[1]["unit"] == "MiB"
+
+
+@pytest.mark.parametrize("user_value", [None, "ACTIVE"])
+def test_the_measuring_children_get_the_sweeps_openmp_policy_unless_set(monkeypatch, user_value):
+    # As `python -m rllib_amp.tune` gives its local Ray (sweep.ray_address.LOCAL_RAY_ENV): the
+    # children inherit it when they start; the calling process's environment is as it was.
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if user_value:
+        monkeypatch.setenv("OMP_WAIT_POLICY", user_value)
+    seen = []
+
+    def measure(*args, **kwargs):
+        seen.append(os.environ.get("OMP_WAIT_POLICY"))
+        raise Measured
+
+    monkeypatch.setattr(command, "collect_data", measure)
+    with pytest.raises(Measured):
+        command.run(["--quick", "--device", "cpu", "--algos", "PPO"])
+    assert seen == [user_value or "PASSIVE"]
+    assert os.environ.get("OMP_WAIT_POLICY") == user_value
