@@ -591,8 +591,8 @@ def _kernel_autogroup() -> bool:
 
 @pytest.mark.skipif(not _kernel_autogroup(), reason="this kernel has no autogroup to set")
 def test_the_kernel_s_own_session_group_takes_the_nice():
-    # A fresh session's group starts at nice 0, so a 7 read back is the run's own doing.
-    # The kernel reads the group back as "/autogroup-N nice 7".
+    # A fresh session's group starts at nice 0, so CHILD_NICE read back is the run's own doing.
+    # The kernel reads the group back as "/autogroup-N nice CHILD_NICE".
     assert _niced_child("/proc/self/autogroup", own_session=True) == [
         CHILD_NICE,
         f"['{CHILD_NICE}']",

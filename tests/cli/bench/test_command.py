@@ -444,7 +444,9 @@ def test_dqn_batches_give_update_time_and_memory_per_batch_and_variant(monkeypat
 
 
 @pytest.mark.parametrize("user_value", [None, "ACTIVE"])
-def test_the_measuring_children_get_the_sweeps_openmp_policy_unless_set(monkeypatch, user_value):
+def test_the_measuring_children_get_the_sweeps_openmp_policy_unless_set(
+    monkeypatch, capsys, user_value
+):
     # As `python -m rllib_amp.tune` gives its local Ray (sweep.ray_address.LOCAL_RAY_ENV): the
     # children inherit it when they start; the calling process's environment is as it was.
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
@@ -461,3 +463,8 @@ def test_the_measuring_children_get_the_sweeps_openmp_policy_unless_set(monkeypa
         command.run(["--quick", "--device", "cpu", "--algos", "PPO"])
     assert seen == [user_value or "PASSIVE"]
     assert os.environ.get("OMP_WAIT_POLICY") == user_value
+    # A run that measured nothing still prints its header, which names the policy.
+    monkeypatch.setattr(command, "_measure", lambda *args: None)
+    assert command.run(["--quick", "--device", "cpu", "--algos", "PPO"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert f"; OMP_WAIT_POLICY {user_value or 'PASSIVE'};" in header, header
