@@ -36,7 +36,7 @@ from rllib_amp.bench.workloads import (
 from rllib_amp.checks import suggest
 from rllib_amp.cli import Parser, UsageError, main_wrapper
 from rllib_amp.envs.atari import NATIVE, WRAPPERS
-from rllib_amp.sweep.ray_address import LOCAL_RAY_ENV
+from rllib_amp.sweep.ray_address import local_ray_env
 
 PROG = "python -m rllib_amp.bench"
 PARITY_SEEDS = (0, 1, 2)
@@ -172,15 +172,10 @@ def run(argv: Sequence[str] | None = None) -> int:
             report.write_partial({**results, **(part or {})}, args.json)
 
     # The measuring children get what `python -m rllib_amp.tune` gives its local Ray (idle
-    # torch threads sleep, docs/performance.md) unless the environment sets it; restored after.
-    added = {k: v for k, v in LOCAL_RAY_ENV.items() if k not in os.environ}
-    policy = os.environ.get("OMP_WAIT_POLICY") or added.get("OMP_WAIT_POLICY", "unset")
-    os.environ.update(added)
-    try:
+    # torch threads sleep, docs/performance.md) unless the environment sets it.
+    with local_ray_env():
+        policy = os.environ.get("OMP_WAIT_POLICY", "unset")
         _measure(args, algos, models, reps, device, variants, results, save)
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
     rows = report.rows_from(results)
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     header = (

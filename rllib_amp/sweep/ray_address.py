@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -108,6 +108,19 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 LOCAL_RAY_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+@contextlib.contextmanager
+def local_ray_env(apply: bool = True) -> Iterator[dict[str, str]]:
+    """``LOCAL_RAY_ENV`` in this process's environment where unset, for the block (processes
+    started in it inherit it); yields what it set (nothing unless ``apply``), removed after."""
+    added = {k: v for k, v in LOCAL_RAY_ENV.items() if k not in os.environ} if apply else {}
+    os.environ.update(added)
+    try:
+        yield added
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 def start_ray(address: str | None, where: str) -> str | None:
     """``ray.init`` (no address: a fresh local Ray, whose processes inherit ``LOCAL_RAY_ENV``
     where unset), its failures as UsageError, the SIGTERM handler kept (it puts its own
@@ -115,10 +128,9 @@ def start_ray(address: str | None, where: str) -> str | None:
     import ray
 
     sigterm = signal.getsignal(signal.SIGTERM)
-    added = {} if address else {k: v for k, v in LOCAL_RAY_ENV.items() if k not in os.environ}
-    os.environ.update(added)  # the raylet and its workers inherit this process's environment
     try:
-        context = ray.init(address=address or "local", log_to_driver=False)
+        with local_ray_env(apply=not address):  # the raylet and its workers inherit it
+            context = ray.init(address=address or "local", log_to_driver=False)
     except SystemExit as e:
         if e.code == signal.SIGTERM:  # Ray's own SIGTERM handler, during ray.init
             raise Interrupted(signal.SIGTERM) from None
@@ -143,8 +155,6 @@ def start_ray(address: str | None, where: str) -> str | None:
             f"the address and that the cluster runs the same Ray and Python versions"
         ) from None
     finally:
-        for k in added:
-            os.environ.pop(k, None)
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
     info = getattr(context, "address_info", None) or {}  # Ray Client's context has none
